@@ -1,0 +1,1 @@
+"""Protobuf messages of Caffe2's schema (``caffe2_pb2``)."""

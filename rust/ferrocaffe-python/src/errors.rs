@@ -1,0 +1,38 @@
+//! The one place where `ferrocaffe::Error` becomes a Python exception.
+
+use pyo3::exceptions::{PyKeyError, PyValueError};
+use pyo3::prelude::*;
+
+pyo3::create_exception!(
+    _native,
+    DecodeError,
+    PyValueError,
+    "Bytes that are not a valid serialization of the expected protobuf message."
+);
+
+/// Maps a core error to the Python exception class users catch.
+pub fn to_py(err: ferrocaffe::Error) -> PyErr {
+    use ferrocaffe::Error as E;
+    let msg = err.to_string();
+    match err {
+        E::Decode { .. } => DecodeError::new_err(msg),
+        E::InvalidArgument(_) => PyValueError::new_err(msg),
+        E::NotFound(_) => PyKeyError::new_err(msg),
+    }
+}
+
+/// Extension trait: `result.py()?` converts a core `Result` into a `PyResult`.
+pub trait IntoPy<T> {
+    fn py(self) -> PyResult<T>;
+}
+
+impl<T> IntoPy<T> for ferrocaffe::Result<T> {
+    fn py(self) -> PyResult<T> {
+        self.map_err(to_py)
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("DecodeError", m.py().get_type::<DecodeError>())?;
+    Ok(())
+}

@@ -1,0 +1,19 @@
+//! # ferrocaffe
+//!
+//! The core of a Caffe2-compatible static-graph engine, usable as a plain Rust crate:
+//! the wire format ([`proto`]), graph algorithms ([`graph`]) and more.
+//!
+//! ```
+//! use ferrocaffe::proto::{NetDef, OperatorDef};
+//!
+//! let mut net = NetDef::default();
+//! net.op.push(OperatorDef::new("Relu", ["x"], ["y"]));
+//! let bytes = ferrocaffe::proto::encode(&net);
+//! let back: NetDef = ferrocaffe::proto::decode(&bytes).unwrap();
+//! assert_eq!(back, net);
+//! ```
+
+pub mod error;
+pub mod proto;
+
+pub use error::{Error, Result};
