@@ -14,6 +14,7 @@
 //! ```
 
 pub mod error;
+pub mod ops;
 pub mod proto;
 
 pub use error::{Error, Result};

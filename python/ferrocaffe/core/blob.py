@@ -1,0 +1,3 @@
+"""core.blob (to be written)."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""core.clone (to be written)."""
+
+__all__: list[str] = []

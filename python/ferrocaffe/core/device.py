@@ -1,0 +1,3 @@
+"""core.device (to be written)."""
+
+__all__: list[str] = []

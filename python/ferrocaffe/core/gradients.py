@@ -1,0 +1,3 @@
+"""core.gradients (to be written)."""
+
+__all__: list[str] = []

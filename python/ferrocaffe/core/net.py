@@ -1,0 +1,3 @@
+"""core.net (to be written)."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""core.operator (to be written)."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""core.plan (to be written)."""
+
+__all__: list[str] = []

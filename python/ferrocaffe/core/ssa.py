@@ -1,0 +1,3 @@
+"""core.ssa (to be written)."""
+
+__all__: list[str] = []
