@@ -13,6 +13,7 @@
 //! assert_eq!(back, net);
 //! ```
 
+pub mod autodiff;
 pub mod error;
 pub mod ops;
 pub mod proto;

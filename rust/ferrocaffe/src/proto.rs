@@ -8,7 +8,8 @@ use crate::error::{Error, Result};
 
 /// The encoded `FileDescriptorSet` of `caffe2.proto`, for reflection (the Python message classes
 /// are built from it).
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/caffe2_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/caffe2_descriptor.bin"));
 
 /// A message type with its Caffe2 full name, for error messages.
 pub trait Named: prost::Message + Default {

@@ -142,7 +142,9 @@ mod tests {
     #[test]
     fn fc_needs_three_inputs() {
         let fc = lookup("FC").expect("FC is known");
-        assert!(fc.verify(&OperatorDef::new("FC", ["x", "w", "b"], ["y"])).is_ok());
+        assert!(fc
+            .verify(&OperatorDef::new("FC", ["x", "w", "b"], ["y"]))
+            .is_ok());
         let err = fc
             .verify(&OperatorDef::new("FC", ["x", "w"], ["y"]))
             .unwrap_err()

@@ -1,0 +1,214 @@
+//! The gradient-maker contract and the helpers makers are written with.
+
+use crate::error::{Error, Result};
+use crate::proto::{Argument, OperatorDef};
+
+/// The gradient of one blob: absent, a dense blob, or a sparse `GradientSlice`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub enum GradRef {
+    /// No gradient.
+    #[default]
+    None,
+    /// A dense gradient blob.
+    Dense(String),
+    /// A sparse gradient: row indices and the matching values.
+    Sparse {
+        /// Blob holding the indices.
+        indices: String,
+        /// Blob holding the values.
+        values: String,
+    },
+}
+
+impl GradRef {
+    /// Whether there is a gradient at all.
+    pub fn is_some(&self) -> bool {
+        !matches!(self, GradRef::None)
+    }
+}
+
+/// What a gradient maker returns for one forward operator.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GradientOutput {
+    /// The gradient operators, in execution order.
+    pub ops: Vec<OperatorDef>,
+    /// The gradient of each forward input (same length as the forward op's inputs).
+    pub input_grads: Vec<GradRef>,
+}
+
+/// Produces the gradient operators of one forward operator type.
+///
+/// Implement this for your own operators and register it in a [`super::Registry`].
+pub trait GradientMaker: Send + Sync {
+    /// Gradient ops and input gradients of `op`, given the gradient of each of its outputs
+    /// (`output_grads.len() == op.output.len()`).
+    fn make(&self, op: &OperatorDef, output_grads: &[GradRef]) -> Result<GradientOutput>;
+}
+
+/// Plain functions are makers: `fn(&mut MakerCtx) -> Result<Vec<OperatorDef>>`.
+impl<F> GradientMaker for F
+where
+    F: Fn(&mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> + Send + Sync,
+{
+    fn make(&self, op: &OperatorDef, output_grads: &[GradRef]) -> Result<GradientOutput> {
+        let mut ctx = MakerCtx::new(op, output_grads);
+        let ops = self(&mut ctx)?;
+        Ok(ctx.finish(ops))
+    }
+}
+
+/// The state of one gradient computation, with Caffe2's `GradientMakerBase` helpers:
+/// `i(k)`/`o(k)` name forward inputs/outputs, `go(k)` the gradient of output `k`, and `gi(k)`
+/// names (and records) the gradient of input `k` as `<input>_grad`.
+pub struct MakerCtx<'a> {
+    /// The forward operator.
+    pub def: &'a OperatorDef,
+    /// Gradients of the forward outputs.
+    pub g_output: &'a [GradRef],
+    /// Gradients of the forward inputs, filled in by `gi`, `gi_i`/`gi_v`, `set_dense`...
+    pub g_input: Vec<GradRef>,
+    /// Copy the forward op's device option onto every gradient op (default true).
+    pub copy_device_option: bool,
+    /// Copy the forward op's engine onto every gradient op (default true).
+    pub copy_engine: bool,
+    /// Append the forward op's arguments to every gradient op (default true).
+    pub copy_arguments: bool,
+}
+
+impl<'a> MakerCtx<'a> {
+    /// A context for `def` with the given output gradients.
+    pub fn new(def: &'a OperatorDef, g_output: &'a [GradRef]) -> Self {
+        MakerCtx {
+            def,
+            g_output,
+            g_input: vec![GradRef::None; def.input.len()],
+            copy_device_option: true,
+            copy_engine: true,
+            copy_arguments: true,
+        }
+    }
+
+    /// Forward input `k`.
+    pub fn i(&self, k: usize) -> String {
+        self.def.input.get(k).cloned().unwrap_or_default()
+    }
+
+    /// Forward output `k`.
+    pub fn o(&self, k: usize) -> String {
+        self.def.output.get(k).cloned().unwrap_or_default()
+    }
+
+    /// Name of the dense gradient of output `k`; an error if it is absent or sparse.
+    pub fn go(&self, k: usize) -> Result<String> {
+        match self.g_output.get(k) {
+            Some(GradRef::Dense(n)) => Ok(n.clone()),
+            _ => Err(Error::InvalidArgument(format!(
+                "gradient of output {k} ('{}') of operator {} is not a dense gradient",
+                self.o(k),
+                self.def.r#type()
+            ))),
+        }
+    }
+
+    /// Indices blob of the sparse gradient of output `k`.
+    pub fn go_i(&self, k: usize) -> Result<String> {
+        match self.g_output.get(k) {
+            Some(GradRef::Sparse { indices, .. }) => Ok(indices.clone()),
+            _ => Err(self.not_sparse(k)),
+        }
+    }
+
+    /// Values blob of the sparse gradient of output `k`.
+    pub fn go_v(&self, k: usize) -> Result<String> {
+        match self.g_output.get(k) {
+            Some(GradRef::Sparse { values, .. }) => Ok(values.clone()),
+            _ => Err(self.not_sparse(k)),
+        }
+    }
+
+    fn not_sparse(&self, k: usize) -> Error {
+        Error::InvalidArgument(format!(
+            "gradient of output {k} ('{}') of operator {} is not a sparse gradient",
+            self.o(k),
+            self.def.r#type()
+        ))
+    }
+
+    /// Whether output `k` has a gradient.
+    pub fn has_go(&self, k: usize) -> bool {
+        self.g_output.get(k).is_some_and(GradRef::is_some)
+    }
+
+    /// Names the dense gradient of input `k` `<input>_grad` and records it.
+    pub fn gi(&mut self, k: usize) -> String {
+        let name = format!("{}_grad", self.i(k));
+        self.set_dense(k, name.clone());
+        name
+    }
+
+    /// Names the indices of a sparse gradient of input `k` (`<input>_grad_indices`) and records
+    /// the slice.
+    pub fn gi_i(&mut self, k: usize) -> String {
+        let indices = format!("{}_grad_indices", self.i(k));
+        let values = format!("{}_grad_values", self.i(k));
+        self.g_input[k] = GradRef::Sparse {
+            indices: indices.clone(),
+            values,
+        };
+        indices
+    }
+
+    /// Names the values of a sparse gradient of input `k` (`<input>_grad_values`) and records
+    /// the slice.
+    pub fn gi_v(&mut self, k: usize) -> String {
+        let values = format!("{}_grad_values", self.i(k));
+        let indices = format!("{}_grad_indices", self.i(k));
+        self.g_input[k] = GradRef::Sparse {
+            indices,
+            values: values.clone(),
+        };
+        values
+    }
+
+    /// Records `name` as the dense gradient of input `k`.
+    pub fn set_dense(&mut self, k: usize, name: String) {
+        if let Some(slot) = self.g_input.get_mut(k) {
+            *slot = GradRef::Dense(name);
+        }
+    }
+
+    /// Applies Caffe2's post-processing (copy device option, engine, arguments) and packs the
+    /// result.
+    pub fn finish(self, mut ops: Vec<OperatorDef>) -> GradientOutput {
+        for op in &mut ops {
+            if self.copy_device_option && self.def.device_option.is_some() {
+                op.device_option = self.def.device_option.clone();
+            }
+            if self.copy_engine && self.def.engine.is_some() {
+                op.engine = self.def.engine.clone();
+            }
+            if self.copy_arguments && !self.def.arg.is_empty() {
+                op.arg.extend(self.def.arg.iter().cloned());
+            }
+        }
+        GradientOutput {
+            ops,
+            input_grads: self.g_input,
+        }
+    }
+}
+
+/// Builds a gradient `OperatorDef` the way Caffe2's `CreateOperatorDef` does: type, empty name
+/// (set), inputs, outputs and extra arguments.
+pub fn grad_op<I, O, S, T>(op_type: &str, inputs: I, outputs: O, args: Vec<Argument>) -> OperatorDef
+where
+    I: IntoIterator<Item = S>,
+    O: IntoIterator<Item = T>,
+    S: Into<String>,
+    T: Into<String>,
+{
+    let mut op = OperatorDef::new(op_type, inputs, outputs);
+    op.name = Some(String::new());
+    op.arg = args;
+    op
+}
