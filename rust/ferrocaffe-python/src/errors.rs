@@ -1,6 +1,6 @@
 //! The one place where `ferrocaffe::Error` becomes a Python exception.
 
-use pyo3::exceptions::{PyKeyError, PyValueError};
+use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 pyo3::create_exception!(
@@ -18,6 +18,7 @@ pub fn to_py(err: ferrocaffe::Error) -> PyErr {
         E::Decode { .. } => DecodeError::new_err(msg),
         E::InvalidArgument(_) => PyValueError::new_err(msg),
         E::NotFound(_) => PyKeyError::new_err(msg),
+        E::Runtime(_) => PyRuntimeError::new_err(msg),
     }
 }
 

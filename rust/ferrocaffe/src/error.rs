@@ -18,6 +18,10 @@ pub enum Error {
     /// A blob, op, net or key that was asked for does not exist.
     #[error("{0}")]
     NotFound(String),
+    /// A failure while creating or running operators, nets or plans (Caffe2's enforce
+    /// failures). The message names the op type, op name, blob and what was expected.
+    #[error("{0}")]
+    Runtime(String),
 }
 
 /// Shorthand for `std::result::Result<T, ferrocaffe::Error>`.
