@@ -63,23 +63,36 @@ def IsOperator(op_type):
     return IsOperatorWithEngine(op_type, engine="DEFAULT")
 
 
-def _edit_distance(a, b, limit):
-    """Optimal-string-alignment distance between ``a`` and ``b``, capped at ``limit + 1``."""
-    if abs(len(a) - len(b)) > limit:
-        return limit + 1
+def _edit_distance(s1, s2, max_distance):
+    """Caffe2's edit distance (insertions, deletions, substitutions, adjacent transpositions),
+    with its early exit: ``max_distance + 1`` as soon as the lengths differ by more than
+    ``max_distance`` or a whole row of the table (its first cell aside) exceeds it."""
+    n1 = len(s1)
+    if max_distance and abs(n1 - len(s2)) > max_distance:
+        return max_distance + 1
+    current = list(range(n1 + 1))
+    previous = [0] * (n1 + 1)
+    previous1 = [0] * (n1 + 1)
     prev2 = None
-    prev = list(range(len(b) + 1))
-    for i in range(1, len(a) + 1):
-        cur = [i] + [0] * len(b)
-        for j in range(1, len(b) + 1):
-            cost = 0 if a[i - 1] == b[j - 1] else 1
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
-            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
-                cur[j] = min(cur[j], prev2[j - 2] + 1)
-        if min(cur) > limit:
-            return limit + 1
-        prev2, prev = prev, cur
-    return min(prev[len(b)], limit + 1)
+    for i, c2 in enumerate(s2, start=1):
+        previous1, previous, current = previous, current, previous1
+        current[0] = i
+        prev1 = None
+        current_min = n1
+        for j, c1 in enumerate(s1, start=1):
+            insertion = previous[j] + 1
+            deletion = current[j - 1] + 1
+            substitution = previous[j - 1] + (0 if c1 == c2 else 1)
+            transposition = insertion
+            if prev1 == c2 and prev2 == c1 and j > 1 and i > 1:
+                transposition = previous1[j - 2] + 1
+            prev1 = c1
+            current[j] = min(insertion, deletion, substitution, transposition)
+            current_min = min(current_min, current[j])
+        if max_distance and current_min > max_distance:
+            return max_distance + 1
+        prev2 = c2
+    return current[n1]
 
 
 def _nearby_opnames(op_type):
@@ -87,7 +100,7 @@ def _nearby_opnames(op_type):
     return sorted(
         name
         for name in _REGISTERED_OPERATORS
-        if _edit_distance(name, op_type, _NEARBY_EDIT_TOLERANCE) <= _NEARBY_EDIT_TOLERANCE
+        if _edit_distance(name, op_type, _NEARBY_EDIT_TOLERANCE) < _NEARBY_EDIT_TOLERANCE + 1
     )
 
 
