@@ -180,3 +180,19 @@ def test_args_to_dict():
     assert d["i"] == 3 and list(d["fs"]) == [1.0, 2.0] and d["s"] == b"x"
     assert d["empty"] is None
     assert len(d) == 4
+
+
+def test_operator_tracebacks_recorded_when_workspace_keeps_them(monkeypatch):
+    import collections
+
+    from ferrocaffe import workspace
+
+    tracebacks = collections.defaultdict(dict)
+    monkeypatch.setattr(workspace, "operator_tracebacks", tracebacks, raising=False)
+    net = core.Net("tb")
+    net.Relu("x", "y")
+    net.Relu("y", "z")
+    assert sorted(tracebacks["tb"]) == [0, 1]
+    innermost = tracebacks["tb"][1][0]
+    assert innermost[0] == __file__
+    assert innermost[2] == "test_operator_tracebacks_recorded_when_workspace_keeps_them"

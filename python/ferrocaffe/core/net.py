@@ -6,7 +6,7 @@ defines become external inputs, and omitted outputs get generated names (``<net>
 ``Net._net_names_used``.
 """
 
-import traceback
+import sys
 from collections import OrderedDict, defaultdict
 
 import numpy as np
@@ -33,10 +33,16 @@ __all__ = ["Net", "_extract_stacktrace"]
 
 
 def _extract_stacktrace():
-    """The creation call stack as (file, line, function) tuples, innermost last,
-    without this module's frames."""
-    stack = traceback.extract_stack()[:-1]
-    return [(f.filename, f.lineno, f.name) for f in stack if f.filename != __file__]
+    """The call stack that created an operator, innermost first, as (file, line, function)
+    tuples, without the frames of this module. Read from the frames only (no source access)."""
+    result = []
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    while frame is not None:
+        result.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return result
 
 
 def _record_traceback(net_name, op_index):
