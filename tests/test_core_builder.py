@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+
 from ferrocaffe import core, scope, utils
 from ferrocaffe.core.operator import _edit_distance, _nearby_opnames
 from ferrocaffe.proto import caffe2_pb2
