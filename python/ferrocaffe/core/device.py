@@ -161,9 +161,12 @@ def _device_scope(option):
 
 
 def _scoped_op_adder(op_type, device):
+    # Same as ``net.<op_type>(...)`` inside ``DeviceScope(device)``. The GPU copy ops are
+    # created through the builder directly: they need not be in this build's operator
+    # registry for a graph rewrite (a CPU-only build still writes nets for a GPU machine).
     def add(net, *args, **kwargs):
         with _device_scope(device):
-            return getattr(net, op_type)(*args, **kwargs)
+            return net._CreateAndAddToSelf(op_type, *args, **kwargs)
 
     return add
 

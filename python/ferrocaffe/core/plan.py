@@ -405,7 +405,7 @@ def execution_step(
 
 def scoped_execution_step(name, *args, **kwargs):
     """:func:`execution_step` with ``name`` prefixed by the current name scope."""
-    from ferrocaffe import scope
+    from ferrocaffe.core.blob import ScopedName
 
-    default_name = scope.CurrentNameScope() + name if name else name
+    default_name = ScopedName(name) if name else name
     return execution_step(default_name, *args, **kwargs)
