@@ -2,6 +2,7 @@
 on beyond the golden examples (which live in test_api_examples.py)."""
 
 import pytest
+
 from ferrocaffe import core, scope
 from ferrocaffe.proto import caffe2_pb2
 
