@@ -1,3 +1,4 @@
+# ruff: noqa: I001  (import order sets which submodule wins a shared name; keep it explicit)
 """Caffe2's ``core`` module: blob references, operators, nets, execution steps and plans,
 device helpers, SSA and gradients. Each concept lives in its own submodule; this package
 re-exports them under the names Caffe2 users know (``core.Net``, ``core.CreateOperator``, ...).
@@ -12,3 +13,5 @@ from ferrocaffe.core.plan import *  # noqa: F401,F403
 from ferrocaffe.core.clone import *  # noqa: F401,F403
 from ferrocaffe.core.ssa import *  # noqa: F401,F403
 from ferrocaffe.core.gradients import *  # noqa: F401,F403
+from ferrocaffe import scope, utils, workspace  # noqa: E402,F401  (core.scope/utils/workspace)
+from ferrocaffe.scope import DeviceScope, NameScope  # noqa: E402,F401  (core.NameScope is scope.NameScope)

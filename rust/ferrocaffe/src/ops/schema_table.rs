@@ -334,6 +334,7 @@ pub static SCHEMAS: &[OpSchema] = &[
         args: &[],
         private: false,
     },
+    OpSchema::open("CopyCPUToGPU"),
     OpSchema {
         name: "CopyFromCPUInput",
         inputs: (1, 1),
@@ -347,6 +348,7 @@ pub static SCHEMAS: &[OpSchema] = &[
         args: &[],
         private: false,
     },
+    OpSchema::open("CopyGPUToCPU"),
     OpSchema {
         name: "CopyOnDeviceLike",
         inputs: (2, 2),
@@ -809,6 +811,8 @@ pub static SCHEMAS: &[OpSchema] = &[
         args: &["values", "shape", "extra_shape", "input_as_shape"],
         private: false,
     },
+    OpSchema::open("GivenTensorByteStringToUInt8Fill"),
+    OpSchema::open("GivenTensorDoubleFill"),
     OpSchema {
         name: "GivenTensorFill",
         inputs: (0, 1),
@@ -822,6 +826,7 @@ pub static SCHEMAS: &[OpSchema] = &[
         args: &["values", "dtype", "shape", "extra_shape", "input_as_shape"],
         private: false,
     },
+    OpSchema::open("GivenTensorInt16Fill"),
     OpSchema {
         name: "GivenTensorInt64Fill",
         inputs: (0, 1),
@@ -848,6 +853,7 @@ pub static SCHEMAS: &[OpSchema] = &[
         args: &["values", "shape", "extra_shape", "input_as_shape"],
         private: false,
     },
+    OpSchema::open("GivenTensorStringFill"),
     OpSchema {
         name: "HasScope",
         inputs: (1, 1),
@@ -2308,6 +2314,8 @@ pub static SCHEMAS: &[OpSchema] = &[
         args: &["min", "max", "shape", "input_as_shape"],
         private: false,
     },
+    OpSchema::open("Unique"),
+    OpSchema::open("UnsortedSegmentMean"),
     OpSchema {
         name: "UnsortedSegmentSum",
         inputs: (2, 2),
