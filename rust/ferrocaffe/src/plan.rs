@@ -137,9 +137,10 @@ impl<'p> StepWrapper<'p> {
             }
         }
         let should_stop = match &step.should_stop_blob {
-            Some(name) => Some(ws.get_blob(name).ok_or_else(|| {
-                Error::Runtime(format!("blob {name} does not exist"))
-            })?),
+            Some(name) => Some(
+                ws.get_blob(name)
+                    .ok_or_else(|| Error::Runtime(format!("blob {name} does not exist")))?,
+            ),
             None => None,
         };
         let report_net = match &step.report_net {
@@ -156,6 +157,7 @@ impl<'p> StepWrapper<'p> {
         let own = continuation_test(step)?;
         let ext = self.ext.clone();
         Ok(Compiled {
+            _ws: ws,
             recurring,
             report_substeps,
             networks,
@@ -207,6 +209,8 @@ fn continuation_test(step: &ExecutionStep) -> Result<ShouldContinue> {
 }
 
 struct Compiled<'p> {
+    /// Keeps a step-local workspace (and so its nets) alive while the step runs.
+    _ws: Arc<Workspace>,
     recurring: Vec<StepWrapper<'p>>,
     report_substeps: Vec<StepWrapper<'p>>,
     networks: Vec<Arc<Mutex<Net>>>,

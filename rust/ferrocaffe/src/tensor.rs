@@ -389,7 +389,7 @@ fn fresh_buffer(dtype: DataType, numel: usize) -> Buffer {
     if dtype == DataType::String {
         Buffer::Strings(vec![Vec::new(); numel])
     } else {
-        let bytes = numel.checked_mul(dtype.item_size()).unwrap_or(usize::MAX);
+        let bytes = numel.saturating_mul(dtype.item_size());
         Buffer::Owned(AlignedBytes::zeroed(bytes))
     }
 }
@@ -603,7 +603,9 @@ impl Tensor {
         let (off, n) = (self.offset, self.numel());
         match self.storage.buffer_mut() {
             Buffer::Strings(v) => Ok(&mut v[off..off + n]),
-            _ => Err(Error::Runtime("string tensor without string storage".into())),
+            _ => Err(Error::Runtime(
+                "string tensor without string storage".into(),
+            )),
         }
     }
 
@@ -939,7 +941,9 @@ mod tests {
     fn views_share_writes() {
         let big = Tensor::from_vec(&[2, 3], vec![0i64; 6]).unwrap();
         let mut row1 = big.view(3, &[3]).unwrap();
-        row1.as_mut_slice::<i64>().unwrap().copy_from_slice(&[7, 8, 9]);
+        row1.as_mut_slice::<i64>()
+            .unwrap()
+            .copy_from_slice(&[7, 8, 9]);
         assert_eq!(big.as_slice::<i64>().unwrap(), &[0, 0, 0, 7, 8, 9]);
         assert!(row1.shares_storage_with(&big));
         assert!(big.view(4, &[3]).is_err());

@@ -167,7 +167,10 @@ impl Workspace {
 
     /// A workspace that sees only the given blobs of `parent`, each under an inner name
     /// (`(inner, outer)` pairs), as `Do` creates them.
-    pub fn new_forwarding(parent: &Arc<Workspace>, bindings: &[(String, String)]) -> Result<Arc<Workspace>> {
+    pub fn new_forwarding(
+        parent: &Arc<Workspace>,
+        bindings: &[(String, String)],
+    ) -> Result<Arc<Workspace>> {
         let mut fwd = HashMap::new();
         for (inner, outer) in bindings {
             if !parent.has_blob(outer) {
@@ -427,9 +430,14 @@ mod tests {
         assert!(ws.has_blob("inner"));
         assert!(!ws.has_blob("outer"));
         ws.feed("inner", Tensor::scalar(5i64));
-        assert_eq!(root.fetch("outer").unwrap().as_slice::<i64>().unwrap(), &[5]);
+        assert_eq!(
+            root.fetch("outer").unwrap().as_slice::<i64>().unwrap(),
+            &[5]
+        );
         let err = Workspace::new_forwarding(&root, &[("x".into(), "nope".into())]).unwrap_err();
-        assert!(err.to_string().contains("Invalid parent workspace blob: nope"));
+        assert!(err
+            .to_string()
+            .contains("Invalid parent workspace blob: nope"));
     }
 
     #[test]

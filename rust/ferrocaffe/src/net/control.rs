@@ -31,7 +31,9 @@ pub fn register(r: &mut Registry) {
 fn read_condition(h: &BlobHandle, op: &str) -> Result<bool> {
     let b = h.read();
     let t = b.tensor().ok_or_else(|| {
-        Error::Runtime(format!("Invalid condition in {op} operator: tensor expected"))
+        Error::Runtime(format!(
+            "Invalid condition in {op} operator: tensor expected"
+        ))
     })?;
     if t.numel() != 1 {
         return Err(Error::Runtime(format!(
@@ -39,9 +41,9 @@ fn read_condition(h: &BlobHandle, op: &str) -> Result<bool> {
             t.numel()
         )));
     }
-    let v = t.as_slice::<bool>().map_err(|e| {
-        Error::Runtime(format!("Invalid condition in {op} operator: {e}"))
-    })?;
+    let v = t
+        .as_slice::<bool>()
+        .map_err(|e| Error::Runtime(format!("Invalid condition in {op} operator: {e}")))?;
     Ok(v[0])
 }
 
@@ -196,9 +198,7 @@ fn create_do(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         return Err(init.err("Gradient Do op requires use of stacked workspaces"));
     }
     if copy_external_blobs && reuse_workspace {
-        return Err(init.err(
-            "Reuse workspace and copy external blobs options are not compatible",
-        ));
+        return Err(init.err("Reuse workspace and copy external blobs options are not compatible"));
     }
     if def.input.is_empty() || def.output.is_empty() {
         return Err(init.err("Do needs the workspace stack blob as its last input and output"));
@@ -206,9 +206,7 @@ fn create_do(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let inner = init.args.strings("inner_blobs")?;
     let idx = init.args.ints("outer_blobs_idx");
     if inner.len() != idx.len() {
-        return Err(init.err(
-            "Invalid blob bindings: different inner/outer blobs lengths",
-        ));
+        return Err(init.err("Invalid blob bindings: different inner/outer blobs lengths"));
     }
     let outer_names: Vec<&String> = def.input[..def.input.len() - 1]
         .iter()

@@ -138,7 +138,11 @@ impl DagNet {
             }
         }
         let roots = (0..ops.len()).filter(|&i| indegree[i] == 0).collect();
-        let workers = if num_workers <= 0 { 4 } else { num_workers as usize };
+        let workers = if num_workers <= 0 {
+            4
+        } else {
+            num_workers as usize
+        };
         DagNet {
             ops: ops.into_iter().map(Mutex::new).collect(),
             children,

@@ -80,7 +80,8 @@ impl OpInstance {
             .map(|i| {
                 if let Some(j) = outputs.iter().position(|o| Arc::ptr_eq(o, &inputs[i])) {
                     InKind::Output(j)
-                } else if let Some(e) = inputs[..i].iter().position(|x| Arc::ptr_eq(x, &inputs[i])) {
+                } else if let Some(e) = inputs[..i].iter().position(|x| Arc::ptr_eq(x, &inputs[i]))
+                {
                     InKind::Input(e)
                 } else {
                     InKind::Lock
@@ -256,7 +257,10 @@ impl Net {
     /// Runs every op once.
     pub fn run(&mut self) -> Result<()> {
         let ws = self.ws.upgrade().ok_or_else(|| {
-            Error::Runtime(format!("the workspace of net {} no longer exists", self.name))
+            Error::Runtime(format!(
+                "the workspace of net {} no longer exists",
+                self.name
+            ))
         })?;
         match &mut self.exec {
             Executor::Simple(s) => s.run(&ws),

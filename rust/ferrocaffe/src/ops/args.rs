@@ -39,9 +39,9 @@ impl<'a> Args<'a> {
     pub fn int(&self, name: &str, default: i64) -> Result<i64> {
         match self.get(name) {
             None => Ok(default),
-            Some(a) => a
-                .i
-                .ok_or_else(|| self.err(name, "does not have the right field: expected field i")),
+            Some(a) => {
+                a.i.ok_or_else(|| self.err(name, "does not have the right field: expected field i"))
+            }
         }
     }
 
@@ -66,9 +66,9 @@ impl<'a> Args<'a> {
     pub fn float(&self, name: &str, default: f32) -> Result<f32> {
         match self.get(name) {
             None => Ok(default),
-            Some(a) => a
-                .f
-                .ok_or_else(|| self.err(name, "does not have the right field: expected field f")),
+            Some(a) => {
+                a.f.ok_or_else(|| self.err(name, "does not have the right field: expected field f"))
+            }
         }
     }
 
@@ -89,8 +89,9 @@ impl<'a> Args<'a> {
         match self.get(name) {
             None => Ok(default.to_string()),
             Some(a) => match &a.s {
-                Some(s) => String::from_utf8(s.clone())
-                    .map_err(|_| self.err(name, "is not valid UTF-8")),
+                Some(s) => {
+                    String::from_utf8(s.clone()).map_err(|_| self.err(name, "is not valid UTF-8"))
+                }
                 None => Err(self.err(name, "does not have the right field: expected field s")),
             },
         }
@@ -119,7 +120,9 @@ impl<'a> Args<'a> {
 
     /// A byte-string list (`strings`); empty when absent.
     pub fn byte_strings(&self, name: &str) -> Vec<Vec<u8>> {
-        self.get(name).map(|a| a.strings.clone()).unwrap_or_default()
+        self.get(name)
+            .map(|a| a.strings.clone())
+            .unwrap_or_default()
     }
 
     /// A string list (`strings`, UTF-8); empty when absent.
@@ -173,7 +176,10 @@ mod tests {
         assert_eq!(a.float("value", 0.0).unwrap(), 1.5);
         assert_eq!(a.sizes("shape").unwrap(), vec![2, 3]);
         let e = a.int("value", 0).unwrap_err().to_string();
-        assert!(e.contains("Argument value") && e.contains("ConstantFill"), "{e}");
+        assert!(
+            e.contains("Argument value") && e.contains("ConstantFill"),
+            "{e}"
+        );
         assert!(a.float("dtype", 0.0).is_err());
         assert_eq!(a.number("dtype", 0.0).unwrap(), 3.0);
     }

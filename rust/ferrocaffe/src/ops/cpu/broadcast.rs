@@ -13,8 +13,16 @@ pub fn broadcast_dims(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
     let n = a.len().max(b.len());
     let mut c = vec![0; n];
     for k in 0..n {
-        let ad = if k < n - a.len() { None } else { Some(a[k - (n - a.len())]) };
-        let bd = if k < n - b.len() { None } else { Some(b[k - (n - b.len())]) };
+        let ad = if k < n - a.len() {
+            None
+        } else {
+            Some(a[k - (n - a.len())])
+        };
+        let bd = if k < n - b.len() {
+            None
+        } else {
+            Some(b[k - (n - b.len())])
+        };
         c[k] = match (ad, bd) {
             (Some(x), Some(y)) => {
                 if !(x == y || x == 1 || y == 1) {
@@ -193,7 +201,12 @@ pub unsafe fn binary_loop<A: Copy, B: Copy, C>(
 }
 
 /// `a` broadcast to `c_dims`, element by element, passed to `f(out_index, value)`.
-pub fn for_each_broadcast<T: Copy>(a: &[T], a_dims: &[usize], c_dims: &[usize], mut f: impl FnMut(usize, T)) {
+pub fn for_each_broadcast<T: Copy>(
+    a: &[T],
+    a_dims: &[usize],
+    c_dims: &[usize],
+    mut f: impl FnMut(usize, T),
+) {
     let n: usize = c_dims.iter().product();
     if a.len() == n {
         for (i, &v) in a.iter().enumerate() {
@@ -233,8 +246,14 @@ mod tests {
     #[test]
     fn legacy_rules() {
         assert_eq!(legacy_sizes(&[2, 3, 4, 5], &[3, 4], 1).unwrap(), (2, 12, 5));
-        assert_eq!(legacy_sizes(&[2, 3, 4, 5], &[4, 5], -1).unwrap(), (24, 20, 1));
-        assert_eq!(legacy_sizes(&[2, 3, 4, 5], &[1, 4, 1], 1).unwrap(), (6, 4, 5));
+        assert_eq!(
+            legacy_sizes(&[2, 3, 4, 5], &[4, 5], -1).unwrap(),
+            (6, 20, 1)
+        );
+        assert_eq!(
+            legacy_sizes(&[2, 3, 4, 5], &[1, 4, 1], 1).unwrap(),
+            (6, 4, 5)
+        );
         assert!(legacy_sizes(&[2, 3], &[4], 1).is_err());
         assert!(legacy_sizes(&[2], &[2, 3], -1).is_err());
     }
@@ -245,12 +264,30 @@ mod tests {
         let b = [10.0f32, 20.0, 30.0];
         let mut c = [0.0f32; 6];
         unsafe {
-            binary_loop(a.as_ptr(), &[2, 1], b.as_ptr(), &[1, 3], c.as_mut_ptr(), &[2, 3], |x, y| x + y)
+            binary_loop(
+                a.as_ptr(),
+                &[2, 1],
+                b.as_ptr(),
+                &[1, 3],
+                c.as_mut_ptr(),
+                &[2, 3],
+                |x, y| x + y,
+            )
         };
         assert_eq!(c, [11.0, 21.0, 31.0, 12.0, 22.0, 32.0]);
         let mut inplace = [1i64, 2, 3];
         let p = inplace.as_mut_ptr();
-        unsafe { binary_loop(p as *const i64, &[3], [5i64].as_ptr(), &[1], p, &[3], |x, y| x * y) };
+        unsafe {
+            binary_loop(
+                p as *const i64,
+                &[3],
+                [5i64].as_ptr(),
+                &[1],
+                p,
+                &[3],
+                |x, y| x * y,
+            )
+        };
         assert_eq!(inplace, [5, 10, 15]);
     }
 }

@@ -15,13 +15,21 @@ pub fn register(r: &mut Registry) {
     r.cpu("EQ", |i| create_cmp(i, |o| o == std::cmp::Ordering::Equal));
     r.cpu("NE", |i| create_cmp(i, |o| o != std::cmp::Ordering::Equal));
     r.cpu("LT", |i| create_cmp(i, |o| o == std::cmp::Ordering::Less));
-    r.cpu("LE", |i| create_cmp(i, |o| o != std::cmp::Ordering::Greater));
-    r.cpu("GT", |i| create_cmp(i, |o| o == std::cmp::Ordering::Greater));
+    r.cpu("LE", |i| {
+        create_cmp(i, |o| o != std::cmp::Ordering::Greater)
+    });
+    r.cpu("GT", |i| {
+        create_cmp(i, |o| o == std::cmp::Ordering::Greater)
+    });
     r.cpu("GE", |i| create_cmp(i, |o| o != std::cmp::Ordering::Less));
     r.cpu("And", |i| create_logic(i, |a, b| a & b));
     r.cpu("Or", |i| create_logic(i, |a, b| a | b));
     r.cpu("Xor", |i| create_logic(i, |a, b| a ^ b));
-    r.cpu("Not", |_| Ok(Box::new(FnOp(|ctx: &mut OpContext<'_>| unary::<bool, bool>(ctx, |x| !x)))));
+    r.cpu("Not", |_| {
+        Ok(Box::new(FnOp(|ctx: &mut OpContext<'_>| {
+            unary::<bool, bool>(ctx, |x| !x)
+        })))
+    });
     r.cpu("Where", create_where);
 }
 
@@ -31,7 +39,11 @@ fn cmp_with<T: Element + PartialOrd>(pred: Cmp) -> impl Fn(T, T) -> bool {
     // NaN compares unordered: only NE holds.
     move |a: T, b: T| match a.partial_cmp(&b) {
         Some(o) => pred(o),
-        None => !pred(std::cmp::Ordering::Equal) && pred(std::cmp::Ordering::Less) && pred(std::cmp::Ordering::Greater),
+        None => {
+            !pred(std::cmp::Ordering::Equal)
+                && pred(std::cmp::Ordering::Less)
+                && pred(std::cmp::Ordering::Greater)
+        }
     }
 }
 
@@ -56,7 +68,9 @@ fn create_logic(init: &OpInit<'_>, f: fn(bool, bool) -> bool) -> Result<Box<dyn 
 
 fn create_where(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let rows = init.args.bool("broadcast_on_rows", false)?;
-    Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| where_kernel(ctx, rows))))
+    Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+        where_kernel(ctx, rows)
+    })))
 }
 
 fn where_kernel(ctx: &mut OpContext<'_>, rows: bool) -> Result<()> {
@@ -70,7 +84,9 @@ fn where_kernel(ctx: &mut OpContext<'_>, rows: bool) -> Result<()> {
         return Err(ctx.err(format!("Where: X is {xt} but Y is {yt}")));
     }
     if xd != yd {
-        return Err(ctx.err(format!("Where: X {xd:?} and Y {yd:?} must have the same shape")));
+        return Err(ctx.err(format!(
+            "Where: X {xd:?} and Y {yd:?} must have the same shape"
+        )));
     }
     let out_dims = if rows {
         if cd.len() != 1 || xd.first() != cd.first() {
@@ -81,7 +97,9 @@ fn where_kernel(ctx: &mut OpContext<'_>, rows: bool) -> Result<()> {
         xd.clone()
     } else {
         if cd != xd {
-            return Err(ctx.err(format!("Where: condition {cd:?} and X {xd:?} must have the same shape")));
+            return Err(ctx.err(format!(
+                "Where: condition {cd:?} and X {xd:?} must have the same shape"
+            )));
         }
         broadcast_dims(&cd, &xd)?
     };

@@ -12,13 +12,21 @@ use crate::workspace::Blob;
 /// Registers the copy family.
 pub fn register(r: &mut Registry) {
     r.cpu_many(
-        &["Copy", "EnsureCPUOutput", "CopyFromCPUInput", "StopGradient", "EnsureDense"],
+        &[
+            "Copy",
+            "EnsureCPUOutput",
+            "CopyFromCPUInput",
+            "StopGradient",
+            "EnsureDense",
+        ],
         create_copy,
     );
     r.cpu("Alias", create_alias);
     r.cpu("Print", create_print);
     r.cpu("Free", create_free);
-    r.cpu("ZeroGradient", |_| Ok(Box::new(FnOp(|_: &mut OpContext<'_>| Ok(())))));
+    r.cpu("ZeroGradient", |_| {
+        Ok(Box::new(FnOp(|_: &mut OpContext<'_>| Ok(()))))
+    });
 }
 
 /// Output 0 becomes a copy of input 0 (its own data; in place does nothing).
@@ -82,7 +90,14 @@ impl Operator for PrintOp {
         let line = match ctx.input_blob(0)? {
             Blob::Tensor(t) => format!(
                 "{name} ({t:?}): {}",
-                format_values(t, if self.limit == 0 { usize::MAX } else { self.limit })
+                format_values(
+                    t,
+                    if self.limit == 0 {
+                        usize::MAX
+                    } else {
+                        self.limit
+                    }
+                )
             ),
             other => format!("{name}: blob holds {}", other.type_name()),
         };

@@ -74,13 +74,11 @@ pub fn register(r: &mut Registry) {
 fn increment(ctx: &mut OpContext<'_>) -> Result<()> {
     let out = ctx.output(0)?;
     if out.numel() != 1 {
-        return Err(ctx.err(
-            "The output of IterOp exists, but not of the right size.",
-        ));
+        return Err(ctx.err("The output of IterOp exists, but not of the right size."));
     }
-    let v = out.as_mut_slice::<i64>().map_err(|e| {
-        crate::error::Error::Runtime(format!("Iter expects an int64 counter: {e}"))
-    })?;
+    let v = out
+        .as_mut_slice::<i64>()
+        .map_err(|e| crate::error::Error::Runtime(format!("Iter expects an int64 counter: {e}")))?;
     if v[0] < 0 {
         return Err(crate::error::Error::Runtime(
             "Previous iteration number is negative.".into(),

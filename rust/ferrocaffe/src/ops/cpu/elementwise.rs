@@ -163,7 +163,10 @@ pub fn nary_same_shape<T: Element>(ctx: &mut OpContext<'_>, f: impl Fn(T, T) -> 
     let c = outs.tensor(0)?;
     c.reset(T::DTYPE, &dims);
     let cp = c.as_mut_slice::<T>()?.as_mut_ptr();
-    let ptrs: Vec<*const T> = ptrs.into_iter().map(|p| p.unwrap_or(cp as *const T)).collect();
+    let ptrs: Vec<*const T> = ptrs
+        .into_iter()
+        .map(|p| p.unwrap_or(cp as *const T))
+        .collect();
     let n: usize = dims.iter().product();
     for i in 0..n {
         // SAFETY: every pointer covers n elements of T; reads of index i precede the write.

@@ -36,13 +36,33 @@ pub fn sgemm(
     if m == 0 || n == 0 {
         return;
     }
-    let (rsa, csa) = if trans_a { (1, m as isize) } else { (k as isize, 1) };
-    let (rsb, csb) = if trans_b { (1, k as isize) } else { (n as isize, 1) };
+    let (rsa, csa) = if trans_a {
+        (1, m as isize)
+    } else {
+        (k as isize, 1)
+    };
+    let (rsb, csb) = if trans_b {
+        (1, k as isize)
+    } else {
+        (n as isize, 1)
+    };
     // SAFETY: strides describe matrices within the asserted lengths.
     unsafe {
         matrixmultiply::sgemm(
-            m, k, n, alpha, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, beta, c.as_mut_ptr(),
-            n as isize, 1,
+            m,
+            k,
+            n,
+            alpha,
+            a.as_ptr(),
+            rsa,
+            csa,
+            b.as_ptr(),
+            rsb,
+            csb,
+            beta,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
         )
     }
 }
@@ -62,10 +82,20 @@ fn canonical(axis: isize, nd: usize) -> Option<usize> {
 impl Fc {
     /// (M, K, N, y_dims) after checking the shapes.
     fn sizes(&self, x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize, Vec<usize>)> {
-        let ax = canonical(self.axis, x.ndim())
-            .ok_or_else(|| rt(format!("axis {} out of range for X of shape {:?}", self.axis, x.dims())))?;
-        let axw = canonical(self.axis_w, w.ndim())
-            .ok_or_else(|| rt(format!("axis_w {} out of range for W of shape {:?}", self.axis_w, w.dims())))?;
+        let ax = canonical(self.axis, x.ndim()).ok_or_else(|| {
+            rt(format!(
+                "axis {} out of range for X of shape {:?}",
+                self.axis,
+                x.dims()
+            ))
+        })?;
+        let axw = canonical(self.axis_w, w.ndim()).ok_or_else(|| {
+            rt(format!(
+                "axis_w {} out of range for W of shape {:?}",
+                self.axis_w,
+                w.dims()
+            ))
+        })?;
         let m = x.size_to_dim(ax);
         let k = x.size_from_dim(ax);
         let (n, kw) = if self.transposed {
@@ -97,12 +127,27 @@ impl Fc {
                 b.numel()
             )));
         }
-        let (xs, ws, bs) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?, b.as_slice::<f32>()?);
+        let (xs, ws, bs) = (
+            x.as_slice::<f32>()?,
+            w.as_slice::<f32>()?,
+            b.as_slice::<f32>()?,
+        );
         let y = outs.tensor(0)?.ensure::<f32>(&y_dims);
         for row in y.chunks_mut(n.max(1)) {
             row.copy_from_slice(bs);
         }
-        sgemm(false, !self.transposed, m, n, k, 1.0, xs, ws, if k == 0 { 0.0 } else { 1.0 }, y);
+        sgemm(
+            false,
+            !self.transposed,
+            m,
+            n,
+            k,
+            1.0,
+            xs,
+            ws,
+            if k == 0 { 0.0 } else { 1.0 },
+            y,
+        );
         Ok(())
     }
 
@@ -118,7 +163,11 @@ impl Fc {
                 dy.numel()
             )));
         }
-        let (xs, ws, dys) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?, dy.as_slice::<f32>()?);
+        let (xs, ws, dys) = (
+            x.as_slice::<f32>()?,
+            w.as_slice::<f32>()?,
+            dy.as_slice::<f32>()?,
+        );
         let w_dims = w.dims().to_vec();
         let x_dims = x.dims().to_vec();
         {

@@ -17,15 +17,27 @@ use crate::tensor::{DataType, Tensor};
 pub fn register(r: &mut Registry) {
     r.cpu("ConstantFill", create_constant);
     r.cpu("GivenTensorFill", |i| create_given(i, GivenKind::Float));
-    r.cpu("GivenTensorDoubleFill", |i| create_given(i, GivenKind::Double));
+    r.cpu("GivenTensorDoubleFill", |i| {
+        create_given(i, GivenKind::Double)
+    });
     r.cpu("GivenTensorIntFill", |i| create_given(i, GivenKind::Int32));
-    r.cpu("GivenTensorInt64Fill", |i| create_given(i, GivenKind::Int64));
-    r.cpu("GivenTensorInt16Fill", |i| create_given(i, GivenKind::Int16));
+    r.cpu("GivenTensorInt64Fill", |i| {
+        create_given(i, GivenKind::Int64)
+    });
+    r.cpu("GivenTensorInt16Fill", |i| {
+        create_given(i, GivenKind::Int16)
+    });
     r.cpu("GivenTensorBoolFill", |i| create_given(i, GivenKind::Bool));
-    r.cpu("GivenTensorByteStringToUInt8Fill", |i| create_given(i, GivenKind::Bytes));
-    r.cpu("GivenTensorStringFill", |i| create_given(i, GivenKind::String));
+    r.cpu("GivenTensorByteStringToUInt8Fill", |i| {
+        create_given(i, GivenKind::Bytes)
+    });
+    r.cpu("GivenTensorStringFill", |i| {
+        create_given(i, GivenKind::String)
+    });
     r.cpu("UniformFill", |i| create_random(i, RandomKind::Uniform));
-    r.cpu("UniformIntFill", |i| create_random(i, RandomKind::UniformInt));
+    r.cpu("UniformIntFill", |i| {
+        create_random(i, RandomKind::UniformInt)
+    });
     r.cpu("GaussianFill", |i| create_random(i, RandomKind::Gaussian));
     r.cpu("XavierFill", |i| create_random(i, RandomKind::Xavier));
     r.cpu("MSRAFill", |i| create_random(i, RandomKind::Msra));
@@ -51,9 +63,9 @@ impl FillShape {
         };
         if init.num_inputs() > 0 {
             if !s.shape.is_empty() {
-                return Err(init.err(
-                    "Cannot set the shape argument and pass in an input at the same time",
-                ));
+                return Err(
+                    init.err("Cannot set the shape argument and pass in an input at the same time")
+                );
             }
         } else {
             if !s.extra.is_empty() {
@@ -184,11 +196,7 @@ fn create_constant(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         10 => Constant::I64(a.int("value", 0)?),
         6 => Constant::U8(int(0, u8::MAX as i64)? as u8),
         8 => Constant::U16(int(0, u16::MAX as i64)? as u16),
-        4 => Constant::Str(
-            a.get("value")
-                .and_then(|x| x.s.clone())
-                .unwrap_or_default(),
-        ),
+        4 => Constant::Str(a.get("value").and_then(|x| x.s.clone()).unwrap_or_default()),
         other => {
             return Err(init.err(format!("Unexpected 'dtype' argument value: {other}")));
         }
@@ -253,9 +261,13 @@ fn create_given(init: &OpInit<'_>, kind: GivenKind) -> Result<Box<dyn Operator>>
     let values = match kind {
         GivenKind::Float => Tensor::from_vec(&[n_f], floats)?,
         GivenKind::Double => Tensor::from_vec(&[n_f], floats.iter().map(|&v| v as f64).collect())?,
-        GivenKind::Int32 => Tensor::from_vec(&[ints.len()], ints.iter().map(|&v| v as i32).collect())?,
+        GivenKind::Int32 => {
+            Tensor::from_vec(&[ints.len()], ints.iter().map(|&v| v as i32).collect())?
+        }
         GivenKind::Int64 => Tensor::from_vec(&[ints.len()], ints)?,
-        GivenKind::Int16 => Tensor::from_vec(&[ints.len()], ints.iter().map(|&v| v as i16).collect())?,
+        GivenKind::Int16 => {
+            Tensor::from_vec(&[ints.len()], ints.iter().map(|&v| v as i16).collect())?
+        }
         GivenKind::Bool => Tensor::from_vec(&[ints.len()], ints.iter().map(|&v| v != 0).collect())?,
         GivenKind::String => {
             let s = a.byte_strings("values");
@@ -342,19 +354,29 @@ impl Operator for RandomFill {
                     }
                 }
             },
-            RandomKind::Uniform => fill_f(out, &dims, dtype, |_| rng.uniform(lo as f32, hi as f32))?,
+            RandomKind::Uniform => {
+                fill_f(out, &dims, dtype, |_| rng.uniform(lo as f32, hi as f32))?
+            }
             RandomKind::Gaussian => {
                 fill_f(out, &dims, dtype, |_| rng.gaussian(lo as f32, hi as f32))?
             }
             RandomKind::Xavier => {
                 let n: usize = dims.iter().product();
-                let fan_in = if dims.is_empty() || dims[0] == 0 { 1 } else { n / dims[0] };
+                let fan_in = if dims.is_empty() || dims[0] == 0 {
+                    1
+                } else {
+                    n / dims[0]
+                };
                 let scale = (3.0f32 / fan_in.max(1) as f32).sqrt();
                 fill_f(out, &dims, dtype, |_| rng.uniform(-scale, scale))?
             }
             RandomKind::Msra => {
                 let n: usize = dims.iter().product();
-                let fan_out = if dims.len() < 2 || dims[1] == 0 { 1 } else { n / dims[1] };
+                let fan_out = if dims.len() < 2 || dims[1] == 0 {
+                    1
+                } else {
+                    n / dims[1]
+                };
                 let std = (2.0f32 / fan_out.max(1) as f32).sqrt();
                 fill_f(out, &dims, dtype, |_| rng.gaussian(0.0, std))?
             }
@@ -363,7 +385,12 @@ impl Operator for RandomFill {
     }
 }
 
-fn fill_f(out: &mut Tensor, dims: &[usize], dtype: DataType, mut f: impl FnMut(usize) -> f32) -> Result<()> {
+fn fill_f(
+    out: &mut Tensor,
+    dims: &[usize],
+    dtype: DataType,
+    mut f: impl FnMut(usize) -> f32,
+) -> Result<()> {
     match dtype {
         DataType::Double => {
             for (i, v) in out.ensure::<f64>(dims).iter_mut().enumerate() {

@@ -187,9 +187,7 @@ impl BroadcastArgs {
                 })? as i64;
             }
         } else if axis != -1 || !axis_str.is_empty() {
-            return Err(init.err(
-                "Do not specify axis or axis_str if broadcast is not enabled.",
-            ));
+            return Err(init.err("Do not specify axis or axis_str if broadcast is not enabled."));
         }
         Ok(BroadcastArgs { legacy, axis })
     }
@@ -203,9 +201,9 @@ impl BroadcastArgs {
         let a = ctx.input(0)?.dims().to_vec();
         let b = ctx.input(1)?.dims().to_vec();
         if self.legacy && ctx.num_outputs() > 0 && ctx.is_inplace(1, 0) {
-            return Err(ctx.err(
-                "In-place is allowed only with the first tensor when legacy-broadcasting",
-            ));
+            return Err(
+                ctx.err("In-place is allowed only with the first tensor when legacy-broadcasting")
+            );
         }
         let (la, lb, c) = binary_shapes(&a, &b, self.legacy, self.axis)?;
         if self.legacy {
@@ -214,10 +212,14 @@ impl BroadcastArgs {
             return Ok((la, lb, lc, c));
         }
         if ctx.is_inplace(0, 0) && c != a {
-            return Err(ctx.err(format!("C_dims {c:?} must equal A_dims {a:?} to run in place")));
+            return Err(ctx.err(format!(
+                "C_dims {c:?} must equal A_dims {a:?} to run in place"
+            )));
         }
         if ctx.is_inplace(1, 0) && c != b {
-            return Err(ctx.err(format!("C_dims {c:?} must equal B_dims {b:?} to run in place")));
+            return Err(ctx.err(format!(
+                "C_dims {c:?} must equal B_dims {b:?} to run in place"
+            )));
         }
         Ok((la, lb, c.clone(), c))
     }

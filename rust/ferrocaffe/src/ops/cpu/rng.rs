@@ -23,7 +23,12 @@ impl Rng {
     pub fn new(seed: u64) -> Self {
         let mut x = seed;
         Rng {
-            s: [splitmix(&mut x), splitmix(&mut x), splitmix(&mut x), splitmix(&mut x)],
+            s: [
+                splitmix(&mut x),
+                splitmix(&mut x),
+                splitmix(&mut x),
+                splitmix(&mut x),
+            ],
         }
     }
 
