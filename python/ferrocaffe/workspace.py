@@ -68,7 +68,9 @@ def GlobalInit(args):
     Flags only tune Caffe2's own logging and threading; they are checked for form and kept."""
     for a in list(args)[1:]:
         if not isinstance(a, str) or not a.startswith("--"):
-            raise RuntimeError("GlobalInit: unexpected argument %r (expected --flag[=value])" % (a,))
+            raise RuntimeError(
+                "GlobalInit: unexpected argument %r (expected --flag[=value])" % (a,)
+            )
     GlobalInit.flags = list(args)
     return True
 

@@ -127,7 +127,9 @@ impl Registry {
             ))
         })?;
         if let Some(s) = schema::lookup(op_type) {
-            s.verify(def).map_err(|e| Error::Runtime(e.to_string()))?;
+            s.verify(def).map_err(|e| {
+                Error::Runtime(format!("Operator def did not pass schema checking: {e}"))
+            })?;
         }
         Ok(factory)
     }

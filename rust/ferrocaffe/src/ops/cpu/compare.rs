@@ -84,9 +84,7 @@ fn where_kernel(ctx: &mut OpContext<'_>, rows: bool) -> Result<()> {
         return Err(ctx.err(format!("Where: X is {xt} but Y is {yt}")));
     }
     if xd != yd {
-        return Err(ctx.err(format!(
-            "Where: X {xd:?} and Y {yd:?} must have the same shape"
-        )));
+        return Err(ctx.err(format!("left.sizes() == right.sizes(). {xd:?} vs {yd:?}")));
     }
     let out_dims = if rows {
         if cd.len() != 1 || xd.first() != cd.first() {
@@ -97,9 +95,7 @@ fn where_kernel(ctx: &mut OpContext<'_>, rows: bool) -> Result<()> {
         xd.clone()
     } else {
         if cd != xd {
-            return Err(ctx.err(format!(
-                "Where: condition {cd:?} and X {xd:?} must have the same shape"
-            )));
+            return Err(ctx.err(format!("select.sizes() == left.sizes(). {cd:?} vs {xd:?}")));
         }
         broadcast_dims(&cd, &xd)?
     };
