@@ -1,5 +1,5 @@
 //! Fully connected layers: FC (`Y = X W^T + b`), FCTransposed (`Y = X W + b`) and their
-//! gradient ops, on a fast single-precision GEMM.
+//! gradient ops, on the `gemm` crate's single-precision GEMM (AVX2/AVX-512, threaded on rayon).
 //!
 //! X is flattened to `M x K` at `axis` (default 1), W to `N x K` (`K x N` transposed) at
 //! `axis_w` (default 1); Y has X's dims before `axis` followed by N.
@@ -46,23 +46,34 @@ pub fn sgemm(
     } else {
         (n as isize, 1)
     };
-    // SAFETY: strides describe matrices within the asserted lengths.
+    let par = if m * n * k >= 1 << 18 {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: strides describe matrices within the asserted lengths; gemm computes
+    // dst = beta_dst * dst + alpha * lhs * rhs with (alpha, beta) named (alpha, beta) below.
     unsafe {
-        matrixmultiply::sgemm(
+        gemm::gemm(
             m,
-            k,
             n,
-            alpha,
-            a.as_ptr(),
-            rsa,
-            csa,
-            b.as_ptr(),
-            rsb,
-            csb,
-            beta,
+            k,
             c.as_mut_ptr(),
-            n as isize,
             1,
+            n as isize,
+            beta != 0.0,
+            a.as_ptr(),
+            csa,
+            rsa,
+            b.as_ptr(),
+            csb,
+            rsb,
+            beta,
+            alpha,
+            false,
+            false,
+            false,
+            par,
         )
     }
 }
