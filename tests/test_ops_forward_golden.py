@@ -1,6 +1,8 @@
-"""Forward results of the golden op corpus (``../shared/golden/ops``) for every op type that has
+"""Kernels against the golden op corpus (``../shared/golden/ops``), for every op type that has
 a kernel: feed the inputs, ``RunOperatorOnce``, compare the outputs (rtol 1e-4, atol 1e-5), the
-statistics of random fills, or the recorded error. Gradient checks are the autodiff suite's job.
+statistics of random fills, or the recorded error; then, when every recorded gradient op has a
+kernel, run those gradient ops on the recorded output gradients and compare their outputs.
+(Whether the gradient *ops* are the right ones is the autodiff suite's job.)
 """
 
 import base64
@@ -73,6 +75,21 @@ def test_forward(case, arrays):
             np.testing.assert_allclose(got, exp, rtol=1e-4, atol=1e-5)
         else:
             np.testing.assert_array_equal(got, exp)
+    g = case.get("gradient")
+    if not g:
+        return
+    grad_net = caffe2_pb2.NetDef.FromString(base64.b64decode(g["grad_ops_b64"]))
+    if not all(o.type in KERNELS for o in grad_net.op):
+        return
+    for m in g.get("output_grads_fed") or []:
+        workspace.FeedBlob(m["name"], arrays[m["key"]])
+    for gop in grad_net.op:
+        workspace.RunOperatorOnce(gop)
+    for m in g.get("grad_op_outputs") or []:
+        exp = arrays[m["key"]]
+        got = workspace.FetchBlob(m["name"])
+        assert got.shape == exp.shape, (m["name"], got.shape, exp.shape)
+        np.testing.assert_allclose(got, exp, rtol=1e-4, atol=1e-5, err_msg=m["name"])
 
 
 def test_corpus_has_kernel_cases():

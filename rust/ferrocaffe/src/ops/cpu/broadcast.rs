@@ -230,6 +230,44 @@ pub fn for_each_broadcast<T: Copy>(
     }
 }
 
+/// Calls `f(i, ia, ib)` for every element `i` of `c_dims` with the matching element indices of
+/// the broadcast operands `a_dims` and `b_dims` (aligned to the end of `c_dims`).
+pub fn for_each_index(
+    a_dims: &[usize],
+    b_dims: &[usize],
+    c_dims: &[usize],
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    let n: usize = c_dims.iter().product();
+    let na: usize = a_dims.iter().product();
+    let nb: usize = b_dims.iter().product();
+    if na == n && nb == n {
+        for i in 0..n {
+            f(i, i, i);
+        }
+        return;
+    }
+    let sa = strides_for(a_dims, c_dims);
+    let sb = strides_for(b_dims, c_dims);
+    let nd = c_dims.len();
+    let mut idx = vec![0usize; nd];
+    let (mut pa, mut pb) = (0usize, 0usize);
+    for i in 0..n {
+        f(i, pa, pb);
+        for k in (0..nd).rev() {
+            idx[k] += 1;
+            pa += sa[k];
+            pb += sb[k];
+            if idx[k] < c_dims[k] {
+                break;
+            }
+            pa -= sa[k] * idx[k];
+            pb -= sb[k] * idx[k];
+            idx[k] = 0;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,6 +294,23 @@ mod tests {
         );
         assert!(legacy_sizes(&[2, 3], &[4], 1).is_err());
         assert!(legacy_sizes(&[2], &[2, 3], -1).is_err());
+    }
+
+    #[test]
+    fn indices_follow_broadcast() {
+        let mut seen = Vec::new();
+        for_each_index(&[2, 1], &[3], &[2, 3], |i, a, b| seen.push((i, a, b)));
+        assert_eq!(
+            seen,
+            vec![
+                (0, 0, 0),
+                (1, 0, 1),
+                (2, 0, 2),
+                (3, 1, 0),
+                (4, 1, 1),
+                (5, 1, 2)
+            ]
+        );
     }
 
     #[test]

@@ -192,6 +192,22 @@ impl BroadcastArgs {
         Ok(BroadcastArgs { legacy, axis })
     }
 
+    /// `(a_loop, b_loop, c_loop, c_dims)` for operands of shapes `a` and `b` (no in-place checks).
+    #[allow(clippy::type_complexity)]
+    pub fn shapes_of(
+        &self,
+        a: &[usize],
+        b: &[usize],
+    ) -> Result<(Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>)> {
+        let (la, lb, c) = binary_shapes(a, b, self.legacy, self.axis)?;
+        if self.legacy {
+            let nc: usize = c.iter().product();
+            let lc = if lb.len() == 1 { vec![nc] } else { la.clone() };
+            return Ok((la, lb, lc, c));
+        }
+        Ok((la, lb, c.clone(), c))
+    }
+
     /// `(a_loop, b_loop, c_loop, c_dims)` for inputs 0 and 1 of `ctx`.
     #[allow(clippy::type_complexity)]
     pub fn shapes(

@@ -9,6 +9,7 @@ pub mod elementwise;
 pub mod fc;
 pub mod fill;
 pub mod math;
+pub mod math_grad;
 pub mod rng;
 
 use super::registry::Registry;
@@ -18,6 +19,7 @@ pub fn register_all(r: &mut Registry) {
     fill::register(r);
     copy::register(r);
     math::register(r);
+    math_grad::register(r);
     counters::register(r);
     compare::register(r);
     fc::register(r);
