@@ -308,8 +308,9 @@ def test_free_leaves_an_empty_blob():
     workspace.FeedBlob("x", np.ones(2, np.float32))
     workspace.RunOperatorOnce(op("Free", ["x"], ["x"]))
     assert workspace.HasBlob("x")
-    with pytest.raises(RuntimeError, match="holds nothing"):
-        workspace.FetchBlob("x")
+    assert workspace.FetchBlob("x") == b"x, a C++ native class of type nullptr (uninitialized)."
+    workspace.RunOperatorOnce(op("CreateMutex", [], ["m"]))
+    assert b"std::mutex" in workspace.FetchBlob("m")
 
 
 def test_iter_counters_and_seeded_fills():

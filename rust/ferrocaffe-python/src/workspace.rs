@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use numpy::npyffi::{self, flags, npy_intp, NpyTypes, PY_ARRAY_API};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
@@ -16,7 +16,7 @@ use ferrocaffe::proto::{self, NetDef, OperatorDef, PlanDef};
 use ferrocaffe::tensor::{DataType, Snapshot, Tensor};
 use ferrocaffe::workspace::{Blob, Workspace as CoreWorkspace};
 
-use crate::errors::IntoPy;
+use crate::errors::{panic_to_py, IntoPy};
 
 /// Runs `f` without the GIL, turning a panic into a RuntimeError.
 fn guarded<T: Send>(
@@ -26,16 +26,7 @@ fn guarded<T: Send>(
     let r = py.detach(|| catch_unwind(AssertUnwindSafe(f)));
     match r {
         Ok(res) => res.py(),
-        Err(p) => {
-            let what = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            Err(PyRuntimeError::new_err(format!(
-                "internal error (panic): {what}"
-            )))
-        }
+        Err(p) => Err(panic_to_py(p)),
     }
 }
 
@@ -167,7 +158,8 @@ impl PyWorkspace {
     }
 
     /// The value of a blob: a read-only numpy array sharing the tensor's memory, an object
-    /// array of bytes for strings, or bytes for a `std::string` blob.
+    /// array of bytes for strings, bytes for a `std::string` blob, and for anything else the
+    /// bytes `"<name>, a C++ native class of type <type>."` as Caffe2 returned.
     fn fetch<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
         let h = self.ws.blob(name).py()?;
         let snap = {
@@ -176,10 +168,12 @@ impl PyWorkspace {
                 Blob::Tensor(t) => t.snapshot(),
                 Blob::Bytes(v) => return Ok(PyBytes::new(py, v).into_any()),
                 other => {
-                    return Err(PyRuntimeError::new_err(format!(
-                        "blob {name} holds {}, which cannot be fetched as an array",
-                        other.type_name()
-                    )))
+                    // As Caffe2: a description of what the blob holds.
+                    let desc = format!(
+                        "{name}, a C++ native class of type {}.",
+                        other.caffe2_type_name()
+                    );
+                    return Ok(PyBytes::new(py, desc.as_bytes()).into_any());
                 }
             }
         };

@@ -94,6 +94,25 @@ impl Blob {
         }
     }
 
+    /// The C++ type name Caffe2 reported for such a blob (`FetchBlob` of a non-tensor blob
+    /// returns `"<name>, a C++ native class of type <this>."`).
+    pub fn caffe2_type_name(&self) -> &'static str {
+        match self {
+            Blob::Empty => "nullptr (uninitialized)",
+            Blob::Tensor(_) => "caffe2::Tensor",
+            Blob::Bytes(_) => "std::string",
+            Blob::Workspaces(_) => "caffe2::detail::WorkspaceStack",
+            Blob::Mutex(_) => "std::unique_ptr<std::mutex, std::default_delete<std::mutex> >",
+            Blob::AtomicBool(_) => {
+                "std::unique_ptr<std::atomic<bool>, std::default_delete<std::atomic<bool> > >"
+            }
+            Blob::Counter(_) => {
+                "std::unique_ptr<caffe2::Counter<long>, std::default_delete<caffe2::Counter<long> > >"
+            }
+            Blob::Other(_) => "other",
+        }
+    }
+
     /// The tensor, if the blob holds one.
     pub fn tensor(&self) -> Option<&Tensor> {
         match self {

@@ -1,4 +1,5 @@
 //! Integration tests of the runtime: nets, executors, in-place ops, aliases, plans, threads.
+#![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 
