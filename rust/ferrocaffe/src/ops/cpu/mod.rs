@@ -63,7 +63,9 @@
 //! # Ok::<(), ferrocaffe::Error>(())
 //! ```
 
+pub mod activations;
 pub mod broadcast;
+pub mod cast;
 pub mod compare;
 pub mod copy;
 pub mod counters;
@@ -72,6 +74,9 @@ pub mod fc;
 pub mod fill;
 pub mod math;
 pub mod math_grad;
+pub mod matmul;
+pub mod minmax;
+pub mod reduce;
 pub mod rng;
 
 use super::registry::Registry;
@@ -85,4 +90,9 @@ pub fn register_all(r: &mut Registry) {
     counters::register(r);
     compare::register(r);
     fc::register(r);
+    activations::register(r);
+    minmax::register(r);
+    reduce::register(r);
+    matmul::register(r);
+    cast::register(r);
 }
