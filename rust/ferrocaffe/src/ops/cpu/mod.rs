@@ -76,6 +76,8 @@ pub mod math;
 pub mod math_grad;
 pub mod matmul;
 pub mod minmax;
+pub mod nn;
+pub mod optim;
 pub mod reduce;
 pub mod rng;
 
@@ -95,4 +97,6 @@ pub fn register_all(r: &mut Registry) {
     reduce::register(r);
     matmul::register(r);
     cast::register(r);
+    nn::register(r);
+    optim::register(r);
 }
