@@ -131,6 +131,13 @@ def test_strings_and_bytes():
     assert list(workspace.FetchBlob("s2")) == [b"ab", b"c"]
 
 
+def test_bool_views_of_other_bytes_are_normalised():
+    raw = np.array([0, 2, 1, 255], dtype=np.uint8)
+    workspace.FeedBlob("b", raw.view(np.bool_))
+    workspace.RunOperatorOnce(op("Not", ["b"], ["nb"]))
+    assert workspace.FetchBlob("nb").tolist() == [True, False, False, False]
+
+
 def test_tensor_proto_feed():
     t = caffe2_pb2.TensorProto(dims=[2], data_type=caffe2_pb2.TensorProto.INT64, int64_data=[4, 5])
     workspace.FeedBlob("t", t)

@@ -66,6 +66,19 @@ fn array_to_tensor(arr: &Bound<'_, PyUntypedArray>) -> PyResult<Tensor> {
         ));
     }
     let dims: Vec<usize> = arr.shape().to_vec();
+    if dt == DataType::Bool {
+        // numpy can hold bytes other than 0/1 in a bool array (views of uint8); those are not
+        // valid Rust bools, so such arrays are copied and normalised.
+        let n: usize = dims.iter().product();
+        // SAFETY: a C-contiguous bool array has n readable bytes at `data`.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((*arr.as_array_ptr()).fields.data as *const u8, n)
+        };
+        if bytes.iter().any(|&b| b > 1) {
+            let v: Vec<bool> = bytes.iter().map(|&b| b != 0).collect();
+            return Tensor::from_vec(&dims, v).py();
+        }
+    }
     // SAFETY: the array object stays alive in the owner; numpy guarantees `data` is valid for
     // the contiguous, aligned extent checked above.
     unsafe {

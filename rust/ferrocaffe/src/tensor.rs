@@ -324,14 +324,16 @@ impl Snapshot {
     /// The data bytes (not for strings).
     pub fn bytes(&self) -> &[u8] {
         let n = self.numel() * self.dtype.item_size();
-        &self.buf.bytes()[self.byte_offset..self.byte_offset + n]
+        let b = self.buf.bytes();
+        let start = self.byte_offset.min(b.len());
+        &b[start..(start + n).min(b.len())]
     }
     /// The strings of a string tensor.
     pub fn strings(&self) -> &[Vec<u8>] {
         match &*self.buf {
             Buffer::Strings(v) => {
-                let off = self.byte_offset / DataType::String.item_size();
-                &v[off..off + self.numel()]
+                let off = (self.byte_offset / DataType::String.item_size()).min(v.len());
+                &v[off..(off + self.numel()).min(v.len())]
             }
             _ => &[],
         }
@@ -873,7 +875,14 @@ impl Tensor {
                 )));
             }
             let mut t = Tensor::new(dtype, &dims);
-            t.bytes_mut().copy_from_slice(raw);
+            if dtype == DataType::Bool {
+                // Only 0 and 1 are valid bools.
+                for (d, &b) in t.bytes_mut().iter_mut().zip(raw.iter()) {
+                    *d = (b != 0) as u8;
+                }
+            } else {
+                t.bytes_mut().copy_from_slice(raw);
+            }
             return Ok(t);
         }
         let count = |len: usize, field: &str| {
@@ -1010,6 +1019,18 @@ mod tests {
                 assert_eq!(back.bytes(), t.bytes(), "{t:?}");
             }
         }
+    }
+
+    #[test]
+    fn raw_bool_bytes_are_normalised() {
+        let p = TensorProto {
+            dims: vec![3],
+            data_type: Some(5),
+            raw_data: Some(vec![0, 7, 1]),
+            ..Default::default()
+        };
+        let t = Tensor::from_proto(&p).unwrap();
+        assert_eq!(t.as_slice::<bool>().unwrap(), &[false, true, true]);
     }
 
     #[test]
