@@ -4,7 +4,7 @@
 //! Dependencies come from the resolved blob handles (so aliases through parent workspaces are
 //! seen): an op depends on the last writer of each blob it reads or writes (read-after-write,
 //! write-after-write) and on every reader since that write of each blob it writes
-//! (write-after-read). Executing in any order compatible with these edges gives the same results
+//! (write-after-read). Blobs named in `control_input` count as reads for ordering. Executing in any order compatible with these edges gives the same results
 //! as running the ops in net order. Pools are shared between nets of the same size.
 
 use std::collections::HashMap;
@@ -55,7 +55,7 @@ pub fn dependencies(ops: &[OpInstance]) -> Vec<Vec<usize>> {
     let mut parents: Vec<Vec<usize>> = vec![Vec::new(); ops.len()];
     for (i, op) in ops.iter().enumerate() {
         let mut deps = Vec::new();
-        for h in op.inputs() {
+        for h in op.inputs().iter().chain(op.control_inputs()) {
             let s = state.entry(Arc::as_ptr(h) as usize).or_default();
             deps.extend(s.writer);
         }
@@ -186,5 +186,36 @@ impl DagNet {
             Some((_, e)) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{NetDef, OperatorDef};
+    use crate::tensor::Tensor;
+
+    #[test]
+    fn edges_cover_raw_war_waw_and_control_inputs() {
+        let ws = Workspace::new();
+        ws.feed("a", Tensor::from_vec(&[1], vec![1.0f32]).unwrap());
+        ws.feed("c", Tensor::from_vec(&[1], vec![2.0f32]).unwrap());
+        let mut last = OperatorDef::new("Relu", ["c"], ["z"]);
+        last.control_input.push("b".into());
+        let net = NetDef {
+            op: vec![
+                OperatorDef::new("Relu", ["a"], ["b"]), // 0
+                OperatorDef::new("Relu", ["c"], ["a"]), // 1: WAR on a after 0
+                OperatorDef::new("Relu", ["a"], ["a"]), // 2: RAW + WAW after 1
+                OperatorDef::new("Relu", ["c"], ["y"]), // 3: independent
+                last,                                   // 4: control input b after 0
+            ],
+            ..Default::default()
+        };
+        let ops = crate::net::instantiate_ops(&net, &ws).unwrap();
+        let children = dependencies(&ops);
+        assert_eq!(children[0], vec![1, 4]);
+        assert_eq!(children[1], vec![2]);
+        assert!(children[2].is_empty() && children[3].is_empty());
     }
 }

@@ -34,6 +34,8 @@ pub struct OpInstance {
     op: Box<dyn Operator>,
     inputs: Vec<BlobHandle>,
     outputs: Vec<BlobHandle>,
+    /// Blobs named in `control_input` that existed at instantiation (ordering only).
+    control: Vec<BlobHandle>,
     in_kinds: Vec<InKind>,
     out_first: Vec<bool>,
     /// (is_output, index) of each distinct blob, in address order.
@@ -63,7 +65,13 @@ impl OpInstance {
         // As in Caffe2: schema check, inputs must exist, outputs are created, then the factory.
         let outputs: Vec<BlobHandle> = def.output.iter().map(|n| ws.create_blob(n)).collect();
         let op = factory(&init)?;
-        Ok(Self::assemble(def.clone(), op, inputs, outputs))
+        let mut inst = Self::assemble(def.clone(), op, inputs, outputs);
+        inst.control = def
+            .control_input
+            .iter()
+            .filter_map(|n| ws.get_blob(n))
+            .collect();
+        Ok(inst)
     }
 
     fn assemble(
@@ -109,6 +117,7 @@ impl OpInstance {
             op,
             inputs,
             outputs,
+            control: Vec::new(),
             in_kinds,
             out_first,
             lock_order,
@@ -129,6 +138,11 @@ impl OpInstance {
     /// Output handles.
     pub fn outputs(&self) -> &[BlobHandle] {
         &self.outputs
+    }
+
+    /// Handles of the `control_input` blobs (read for ordering, never locked).
+    pub fn control_inputs(&self) -> &[BlobHandle] {
+        &self.control
     }
 
     /// Runs the op once with its blobs locked; errors (and panics) come back naming the op.
