@@ -172,7 +172,8 @@ impl AlignedBytes {
         let layout = Layout::from_size_align(len, ALIGN).unwrap_or_else(|_| overflow(len));
         // SAFETY: layout has non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        // A panic (caught at the op boundary and reported) rather than an abort.
+        let ptr = NonNull::new(raw).unwrap_or_else(|| out_of_memory(len));
         AlignedBytes { ptr, len }
     }
 
@@ -182,6 +183,11 @@ impl AlignedBytes {
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), b.ptr.as_ptr(), src.len()) };
         b
     }
+}
+
+#[cold]
+fn out_of_memory(len: usize) -> ! {
+    panic!("out of memory allocating a tensor of {len} bytes")
 }
 
 #[cold]

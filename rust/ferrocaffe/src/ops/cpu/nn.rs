@@ -194,6 +194,9 @@ impl Operator for SoftmaxWithLoss {
         if self.gradient {
             let p_i = if has_w { 3 } else { 2 };
             let p = ins.tensor(p_i)?.as_slice::<f32>()?;
+            if p.len() != n * d {
+                return Err(rt(format!("P has {} values, expected {}", p.len(), n * d)));
+            }
             let dl = ins.tensor(p_i + 1)?.get_f64(0)? as f32;
             let dims = x.dims().to_vec();
             let dx = outs.tensor(0)?.ensure::<f32>(&dims);

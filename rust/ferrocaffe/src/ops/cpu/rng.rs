@@ -74,8 +74,11 @@ impl Rng {
 
     /// Uniform integer in [lo, hi] (inclusive).
     pub fn uniform_int(&mut self, lo: i64, hi: i64) -> i64 {
-        let span = (hi - lo) as u64 + 1;
-        lo + (self.next_u64() % span) as i64
+        let span = (hi.wrapping_sub(lo) as u64).wrapping_add(1);
+        if span == 0 {
+            return self.next_u64() as i64;
+        }
+        lo.wrapping_add((self.next_u64() % span) as i64)
     }
 
     /// Normal with the given mean and standard deviation (Box-Muller).
