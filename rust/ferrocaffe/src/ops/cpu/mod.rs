@@ -80,6 +80,7 @@ pub mod nn;
 pub mod optim;
 pub mod reduce;
 pub mod rng;
+pub mod shape;
 
 use super::registry::Registry;
 
@@ -99,4 +100,5 @@ pub fn register_all(r: &mut Registry) {
     cast::register(r);
     nn::register(r);
     optim::register(r);
+    shape::register(r);
 }
