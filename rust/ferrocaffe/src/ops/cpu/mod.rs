@@ -67,6 +67,8 @@ pub mod activations;
 pub mod broadcast;
 pub mod cast;
 pub mod compare;
+pub mod conv;
+pub mod conv_args;
 pub mod copy;
 pub mod counters;
 pub mod elementwise;
@@ -77,7 +79,9 @@ pub mod math_grad;
 pub mod matmul;
 pub mod minmax;
 pub mod nn;
+pub mod norm;
 pub mod optim;
+pub mod pool;
 pub mod reduce;
 pub mod rng;
 pub mod shape;
@@ -101,4 +105,7 @@ pub fn register_all(r: &mut Registry) {
     nn::register(r);
     optim::register(r);
     shape::register(r);
+    conv::register(r);
+    pool::register(r);
+    norm::register(r);
 }
