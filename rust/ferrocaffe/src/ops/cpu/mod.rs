@@ -85,6 +85,7 @@ pub mod pool;
 pub mod reduce;
 pub mod rng;
 pub mod shape;
+pub mod sparse;
 
 use super::registry::Registry;
 
@@ -108,4 +109,5 @@ pub fn register_all(r: &mut Registry) {
     conv::register(r);
     pool::register(r);
     norm::register(r);
+    sparse::register(r);
 }
