@@ -69,6 +69,7 @@ pub mod cast;
 pub mod compare;
 pub mod conv;
 pub mod conv_args;
+pub mod conv_transpose;
 pub mod copy;
 pub mod counters;
 pub mod elementwise;
@@ -83,6 +84,7 @@ pub mod norm;
 pub mod optim;
 pub mod pool;
 pub mod reduce;
+pub mod resize;
 pub mod rng;
 pub mod shape;
 pub mod sparse;
@@ -110,4 +112,6 @@ pub fn register_all(r: &mut Registry) {
     pool::register(r);
     norm::register(r);
     sparse::register(r);
+    conv_transpose::register(r);
+    resize::register(r);
 }

@@ -1,5 +1,6 @@
 //! Normalisation: SpatialBN (inference with `is_test`, and training with running statistics)
-//! and its gradient, LRN (cross-channel) — NCHW or NHWC.
+//! and its gradient, LRN (cross-channel), InstanceNorm, LayerNorm and its gradient — NCHW or
+//! NHWC where it applies.
 
 use crate::error::{Error, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
@@ -10,6 +11,9 @@ pub fn register(r: &mut Registry) {
     r.cpu("SpatialBN", |i| create_bn(i, false));
     r.cpu("SpatialBNGradient", |i| create_bn(i, true));
     r.cpu("LRN", create_lrn);
+    r.cpu("InstanceNorm", create_instance_norm);
+    r.cpu("LayerNorm", |i| create_layer_norm(i, false));
+    r.cpu("LayerNormGradient", |i| create_layer_norm(i, true));
 }
 
 fn rt(msg: impl std::fmt::Display) -> Error {
@@ -253,5 +257,214 @@ fn create_lrn(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         beta: init.args.float("beta", 0.0)?,
         bias: init.args.float("bias", 1.0)?,
         nhwc: nhwc(init)?,
+    }))
+}
+
+struct InstanceNorm {
+    eps: f32,
+    nhwc: bool,
+}
+
+impl Operator for InstanceNorm {
+    fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let dims = ctx.input(0)?.dims().to_vec();
+        let (n, c, inner) = layout(&dims, self.nhwc)?;
+        let scale = channel_vec(ctx, 1, c)?;
+        let bias = channel_vec(ctx, 2, c)?;
+        let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
+        let mut means = vec![0f32; n * c];
+        let mut invs = vec![0f32; n * c];
+        {
+            let y = ctx.output(0)?.ensure::<f32>(&dims);
+            for img in 0..n {
+                for ch in 0..c {
+                    let (mut s1, mut s2) = (0f64, 0f64);
+                    for s in 0..inner {
+                        let v = x[at(self.nhwc, c, inner, img, ch, s)] as f64;
+                        s1 += v;
+                        s2 += v * v;
+                    }
+                    let m = inner.max(1) as f64;
+                    let mean = (s1 / m) as f32;
+                    let var = ((s2 / m) as f32 - mean * mean).max(0.0);
+                    let inv = 1.0 / (var + self.eps).sqrt();
+                    means[img * c + ch] = mean;
+                    invs[img * c + ch] = inv;
+                    for s in 0..inner {
+                        let k = at(self.nhwc, c, inner, img, ch, s);
+                        y[k] = (x[k] - mean) * inv * scale[ch] + bias[ch];
+                    }
+                }
+            }
+        }
+        if ctx.num_outputs() > 1 {
+            ctx.output(1)?
+                .ensure::<f32>(&[n, c])
+                .copy_from_slice(&means);
+        }
+        if ctx.num_outputs() > 2 {
+            ctx.output(2)?.ensure::<f32>(&[n, c]).copy_from_slice(&invs);
+        }
+        Ok(())
+    }
+}
+
+fn create_instance_norm(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+    Ok(Box::new(InstanceNorm {
+        eps: init.args.float("epsilon", 1e-5)?,
+        nhwc: nhwc(init)?,
+    }))
+}
+
+struct LayerNorm {
+    axis: i64,
+    eps: f32,
+    affine: bool,
+    gradient: bool,
+}
+
+impl LayerNorm {
+    /// (rows, cols, stat dims) for X's dims.
+    fn split(&self, dims: &[usize]) -> Result<(usize, usize, Vec<usize>)> {
+        let nd = dims.len() as i64;
+        let a = if self.axis < 0 {
+            self.axis + nd
+        } else {
+            self.axis
+        };
+        if a < 0 || a > nd {
+            return Err(rt(format!("axis {} out of range for {dims:?}", self.axis)));
+        }
+        let a = a as usize;
+        let rows: usize = dims[..a].iter().product();
+        let cols: usize = dims[a..].iter().product();
+        let mut stat = dims[..a].to_vec();
+        stat.push(1);
+        Ok((rows, cols, stat))
+    }
+
+    fn affine_params(
+        &self,
+        ctx: &OpContext<'_>,
+        first: usize,
+        cols: usize,
+    ) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
+        if !self.affine {
+            return Ok(None);
+        }
+        let g = ctx.input(first)?.as_slice::<f32>()?.to_vec();
+        let b = if self.gradient {
+            vec![0.0; cols]
+        } else {
+            ctx.input(first + 1)?.as_slice::<f32>()?.to_vec()
+        };
+        if g.len() != cols || b.len() != cols {
+            return Err(rt(format!("gamma and beta must hold {cols} values")));
+        }
+        Ok(Some((g, b)))
+    }
+
+    fn forward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let dims = ctx.input(0)?.dims().to_vec();
+        let (rows, cols, stat) = self.split(&dims)?;
+        let aff = self.affine_params(ctx, 1, cols)?;
+        let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
+        let mut means = vec![0f32; rows];
+        let mut stds = vec![0f32; rows];
+        {
+            let y = ctx.output(0)?.ensure::<f32>(&dims);
+            for r in 0..rows {
+                let row = &x[r * cols..(r + 1) * cols];
+                let m = cols.max(1) as f32;
+                let mean = row.iter().sum::<f32>() / m;
+                let var = (row.iter().map(|v| v * v).sum::<f32>() / m - mean * mean).max(0.0);
+                let std = (var + self.eps).sqrt();
+                means[r] = mean;
+                stds[r] = std;
+                for (j, o) in y[r * cols..(r + 1) * cols].iter_mut().enumerate() {
+                    let v = (row[j] - mean) / std;
+                    *o = match &aff {
+                        Some((g, b)) => v * g[j] + b[j],
+                        None => v,
+                    };
+                }
+            }
+        }
+        if ctx.num_outputs() > 1 {
+            ctx.output(1)?.ensure::<f32>(&stat).copy_from_slice(&means);
+        }
+        if ctx.num_outputs() > 2 {
+            ctx.output(2)?.ensure::<f32>(&stat).copy_from_slice(&stds);
+        }
+        Ok(())
+    }
+
+    /// Inputs (dY, Y, mean, std, X[, gamma]); outputs (dX[, dgamma, dbeta]).
+    fn backward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let dims = ctx.input(4)?.dims().to_vec();
+        let (rows, cols, _) = self.split(&dims)?;
+        let aff = self.affine_params(ctx, 5, cols)?;
+        let g = ctx.input(0)?.as_slice::<f32>()?.to_vec();
+        let x = ctx.input(4)?.as_slice::<f32>()?.to_vec();
+        let mean = ctx.input(2)?.as_slice::<f32>()?.to_vec();
+        let std = ctx.input(3)?.as_slice::<f32>()?.to_vec();
+        if g.len() != x.len() || mean.len() != rows || std.len() != rows {
+            return Err(rt("LayerNormGradient: inputs disagree on shapes"));
+        }
+        let mut dx = vec![0f32; x.len()];
+        let mut dgamma = vec![0f32; cols];
+        let mut dbeta = vec![0f32; cols];
+        let m = cols.max(1) as f32;
+        for r in 0..rows {
+            let (mu, sd) = (mean[r], std[r]);
+            let mut s1 = 0.0;
+            let mut s2 = 0.0;
+            let mut dxhat = vec![0f32; cols];
+            for j in 0..cols {
+                let k = r * cols + j;
+                let xhat = (x[k] - mu) / sd;
+                dxhat[j] = match &aff {
+                    Some((gm, _)) => g[k] * gm[j],
+                    None => g[k],
+                };
+                dgamma[j] += g[k] * xhat;
+                dbeta[j] += g[k];
+                s1 += dxhat[j];
+                s2 += dxhat[j] * xhat;
+            }
+            for (j, &dh) in dxhat.iter().enumerate() {
+                let k = r * cols + j;
+                let xhat = (x[k] - mu) / sd;
+                dx[k] = (dh - s1 / m - xhat * s2 / m) / sd;
+            }
+        }
+        ctx.output(0)?.ensure::<f32>(&dims).copy_from_slice(&dx);
+        if aff.is_some() && ctx.num_outputs() > 2 {
+            let gdims = ctx.input(5)?.dims().to_vec();
+            ctx.output(1)?
+                .ensure::<f32>(&gdims)
+                .copy_from_slice(&dgamma);
+            ctx.output(2)?.ensure::<f32>(&gdims).copy_from_slice(&dbeta);
+        }
+        Ok(())
+    }
+}
+
+impl Operator for LayerNorm {
+    fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
+        if self.gradient {
+            self.backward(ctx)
+        } else {
+            self.forward(ctx)
+        }
+    }
+}
+
+fn create_layer_norm(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
+    Ok(Box::new(LayerNorm {
+        axis: init.args.int("axis", 1)?,
+        eps: init.args.float("epsilon", 1e-5)?,
+        affine: init.args.bool("elementwise_affine", false)?,
+        gradient,
     }))
 }
