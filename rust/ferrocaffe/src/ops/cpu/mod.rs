@@ -86,6 +86,7 @@ pub mod pool;
 pub mod reduce;
 pub mod resize;
 pub mod rng;
+pub mod rnn_units;
 pub mod shape;
 pub mod sparse;
 
@@ -114,4 +115,5 @@ pub fn register_all(r: &mut Registry) {
     sparse::register(r);
     conv_transpose::register(r);
     resize::register(r);
+    rnn_units::register(r);
 }
