@@ -9,6 +9,18 @@ use crate::ops::registry::Registry;
 /// Registers the family.
 pub fn register(r: &mut Registry) {
     r.cpu("SpatialBN", |i| create_bn(i, false));
+    r.cpu("ChannelStats", |i| {
+        let nhwc = nhwc(i)?;
+        Ok(Box::new(crate::ops::operator::FnOp(
+            move |ctx: &mut OpContext<'_>| channel_stats(ctx, nhwc),
+        )))
+    });
+    r.cpu("ChannelBackpropStats", |i| {
+        let nhwc = nhwc(i)?;
+        Ok(Box::new(crate::ops::operator::FnOp(
+            move |ctx: &mut OpContext<'_>| channel_backprop_stats(ctx, nhwc),
+        )))
+    });
     r.cpu("SpatialBNGradient", |i| create_bn(i, true));
     r.cpu("LRN", create_lrn);
     r.cpu("InstanceNorm", create_instance_norm);
@@ -42,6 +54,7 @@ fn at(nhwc: bool, c: usize, inner: usize, img: usize, ch: usize, s: usize) -> us
 }
 
 struct SpatialBn {
+    num_batches: usize,
     eps: f32,
     momentum: f32,
     is_test: bool,
@@ -71,6 +84,23 @@ impl SpatialBn {
         let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
         let (mean, var) = if self.is_test {
             (channel_vec(ctx, 3, c)?, channel_vec(ctx, 4, c)?)
+        } else if self.num_batches > 1 {
+            // Sums over every batch (device) of the step, from ChannelStats.
+            if ctx.num_inputs() < 7 {
+                return Err(rt(
+                    "SpatialBN with num_batches > 1 needs the sums and sumsq inputs",
+                ));
+            }
+            let sums = channel_vec(ctx, 5, c)?;
+            let sumsq = channel_vec(ctx, 6, c)?;
+            let total = (self.num_batches * n * inner).max(1) as f32;
+            let mean: Vec<f32> = sums.iter().map(|v| v / total).collect();
+            let var = sumsq
+                .iter()
+                .zip(&mean)
+                .map(|(q, mu)| (q / total - mu * mu).max(0.0))
+                .collect();
+            (mean, var)
         } else {
             let mut mean = vec![0f64; c];
             let mut sq = vec![0f64; c];
@@ -116,9 +146,16 @@ impl SpatialBn {
             }
             let mut rm = channel_vec(ctx, 3, c)?;
             let mut rv = channel_vec(ctx, 4, c)?;
+            // The running variance is unbiased (reduce size / (reduce size - 1)).
+            let size = (self.num_batches * n * inner) as f32;
+            let unbias = if size > 1.0 {
+                size / (size - 1.0)
+            } else {
+                f32::INFINITY
+            };
             for ch in 0..c {
                 rm[ch] = rm[ch] * self.momentum + mean[ch] * (1.0 - self.momentum);
-                rv[ch] = rv[ch] * self.momentum + var[ch] * (1.0 - self.momentum);
+                rv[ch] = rv[ch] * self.momentum + var[ch] * unbias * (1.0 - self.momentum);
             }
             ctx.output(1)?.ensure::<f32>(&[c]).copy_from_slice(&rm);
             ctx.output(2)?.ensure::<f32>(&[c]).copy_from_slice(&rv);
@@ -140,18 +177,16 @@ impl SpatialBn {
         if g.len() != x.len() {
             return Err(rt("dY must have the shape of X"));
         }
-        let m = (n * inner) as f32;
-        let mut dscale = vec![0f32; c];
-        let mut dbias = vec![0f32; c];
-        for img in 0..n {
-            for ch in 0..c {
-                for s in 0..inner {
-                    let k = at(self.nhwc, c, inner, img, ch, s);
-                    dbias[ch] += g[k];
-                    dscale[ch] += g[k] * (x[k] - mean[ch]) * inv[ch];
-                }
+        let m = (self.num_batches * n * inner) as f32;
+        let (dscale, dbias) = if self.num_batches > 1 {
+            // Gradients of scale and bias summed over every batch (ChannelBackpropStats).
+            if ctx.num_inputs() < 7 {
+                return Err(rt("SpatialBNGradient with num_batches > 1 needs the scale and bias gradient inputs"));
             }
-        }
+            (channel_vec(ctx, 5, c)?, channel_vec(ctx, 6, c)?)
+        } else {
+            backprop_stats(&x, &g, &mean, &inv, n, c, inner, self.nhwc)
+        };
         {
             let dx = ctx.output(0)?.ensure::<f32>(&dims);
             for img in 0..n {
@@ -165,8 +200,13 @@ impl SpatialBn {
                 }
             }
         }
-        ctx.output(1)?.ensure::<f32>(&[c]).copy_from_slice(&dscale);
-        ctx.output(2)?.ensure::<f32>(&[c]).copy_from_slice(&dbias);
+        // With several batches, each one reports its share of the combined gradients (they are
+        // summed again across batches with the other parameter gradients).
+        let share = 1.0 / self.num_batches as f32;
+        let ds: Vec<f32> = dscale.iter().map(|v| v * share).collect();
+        let db: Vec<f32> = dbias.iter().map(|v| v * share).collect();
+        ctx.output(1)?.ensure::<f32>(&[c]).copy_from_slice(&ds);
+        ctx.output(2)?.ensure::<f32>(&[c]).copy_from_slice(&db);
         Ok(())
     }
 }
@@ -190,10 +230,9 @@ fn nhwc(init: &OpInit<'_>) -> Result<bool> {
 }
 
 fn create_bn(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
-    if init.args.int("num_batches", 1)? != 1 {
-        return Err(init.err("SpatialBN with num_batches != 1 is not supported"));
-    }
+    let num_batches = init.args.usize("num_batches", 1)?.max(1);
     Ok(Box::new(SpatialBn {
+        num_batches,
         eps: init.args.float("epsilon", 1e-5)?,
         momentum: init.args.float("momentum", 0.9)?,
         is_test: init.args.bool("is_test", false)?,
@@ -467,4 +506,68 @@ fn create_layer_norm(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operat
         affine: init.args.bool("elementwise_affine", false)?,
         gradient,
     }))
+}
+
+/// Per-channel `(sum(dY * (X - mean) * inv_std), sum(dY))`.
+#[allow(clippy::too_many_arguments)]
+fn backprop_stats(
+    x: &[f32],
+    g: &[f32],
+    mean: &[f32],
+    inv: &[f32],
+    n: usize,
+    c: usize,
+    inner: usize,
+    nhwc: bool,
+) -> (Vec<f32>, Vec<f32>) {
+    let mut dscale = vec![0f32; c];
+    let mut dbias = vec![0f32; c];
+    for img in 0..n {
+        for ch in 0..c {
+            for s in 0..inner {
+                let k = at(nhwc, c, inner, img, ch, s);
+                dbias[ch] += g[k];
+                dscale[ch] += g[k] * (x[k] - mean[ch]) * inv[ch];
+            }
+        }
+    }
+    (dscale, dbias)
+}
+
+/// ChannelStats: X -> (per-channel sum, per-channel sum of squares).
+fn channel_stats(ctx: &mut OpContext<'_>, nhwc: bool) -> Result<()> {
+    let dims = ctx.input(0)?.dims().to_vec();
+    let (n, c, inner) = layout(&dims, nhwc)?;
+    let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
+    let mut s1 = vec![0f32; c];
+    let mut s2 = vec![0f32; c];
+    for img in 0..n {
+        for ch in 0..c {
+            for s in 0..inner {
+                let v = x[at(nhwc, c, inner, img, ch, s)];
+                s1[ch] += v;
+                s2[ch] += v * v;
+            }
+        }
+    }
+    ctx.output(0)?.ensure::<f32>(&[c]).copy_from_slice(&s1);
+    ctx.output(1)?.ensure::<f32>(&[c]).copy_from_slice(&s2);
+    Ok(())
+}
+
+/// ChannelBackpropStats: (X, saved_mean, saved_inv_std, dY) -> (dscale, dbias).
+fn channel_backprop_stats(ctx: &mut OpContext<'_>, nhwc: bool) -> Result<()> {
+    let dims = ctx.input(0)?.dims().to_vec();
+    let (n, c, inner) = layout(&dims, nhwc)?;
+    let mean = channel_vec(ctx, 1, c)?;
+    let inv = channel_vec(ctx, 2, c)?;
+    let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
+    let g = ctx.input(3)?.as_slice::<f32>()?.to_vec();
+    if g.len() != x.len() {
+        return Err(rt("dY must have the shape of X"));
+    }
+    let (ds, db) = backprop_stats(&x, &g, &mean, &inv, n, c, inner, nhwc);
+    ctx.output(0)?.ensure::<f32>(&[c]).copy_from_slice(&ds);
+    ctx.output(1)?.ensure::<f32>(&[c]).copy_from_slice(&db);
+    Ok(())
 }
