@@ -72,9 +72,11 @@ pub mod conv_args;
 pub mod conv_transpose;
 pub mod copy;
 pub mod counters;
+pub mod db;
 pub mod elementwise;
 pub mod fc;
 pub mod fill;
+pub mod load_save;
 pub mod math;
 pub mod math_grad;
 pub mod matmul;
@@ -116,4 +118,5 @@ pub fn register_all(r: &mut Registry) {
     conv_transpose::register(r);
     resize::register(r);
     rnn_units::register(r);
+    load_save::register(r);
 }
