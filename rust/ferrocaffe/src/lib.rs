@@ -22,6 +22,7 @@ pub mod plan;
 pub mod proto;
 pub mod serialize;
 pub mod tensor;
+pub mod wire;
 pub mod workspace;
 
 pub use error::{Error, Result};
