@@ -398,7 +398,9 @@ def test_blobs_queue_round_trip_and_close():
     workspace.RunOperatorOnce(op("CloseBlobsQueue", ["q"], []))
     workspace.RunOperatorOnce(op("SafeDequeueBlobs", ["q"], ["x", "y", "status"]))
     assert workspace.FetchBlob("status").tolist() is True
-    with pytest.raises(RuntimeError, match="No known serializer for std::shared_ptr<caffe2::BlobsQueue>"):
+    with pytest.raises(
+        RuntimeError, match="No known serializer for std::shared_ptr<caffe2::BlobsQueue>"
+    ):
         workspace.SerializeBlob("q")
 
 

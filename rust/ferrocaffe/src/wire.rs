@@ -301,6 +301,151 @@ pub fn blob(b: &[u8]) -> Option<BlobProto> {
     BlobProto::decode(sanitize(b, &BLOB)?.as_slice()).ok()
 }
 
+/// Parses a `TensorProtos` written in protobuf text format (what the C++ runtime falls back to
+/// when a protodb file is not binary). Only the fields of `TensorProto` are understood.
+pub fn text_tensors(text: &str) -> Option<TensorProtos> {
+    let toks = tokenize(text)?;
+    let mut pos = 0;
+    let mut out = TensorProtos::default();
+    while pos < toks.len() {
+        if toks[pos] != "protos" {
+            return None;
+        }
+        pos += 1;
+        if toks.get(pos).map(String::as_str) == Some(":") {
+            pos += 1;
+        }
+        if toks.get(pos).map(String::as_str) != Some("{") {
+            return None;
+        }
+        pos += 1;
+        out.protos.push(text_tensor(&toks, &mut pos)?);
+    }
+    Some(out)
+}
+
+fn tokenize(text: &str) -> Option<Vec<String>> {
+    let mut toks = Vec::new();
+    let mut chars = text.chars().peekable();
+    while let Some(&c) = chars.peek() {
+        if c.is_whitespace() {
+            chars.next();
+        } else if c == '#' {
+            for c in chars.by_ref() {
+                if c == '\n' {
+                    break;
+                }
+            }
+        } else if "{}:".contains(c) {
+            toks.push(c.to_string());
+            chars.next();
+        } else if c == '"' || c == '\'' {
+            chars.next();
+            let mut s = String::from("\"");
+            loop {
+                let ch = chars.next()?;
+                if ch == c {
+                    break;
+                }
+                if ch == '\\' {
+                    let e = chars.next()?;
+                    s.push(match e {
+                        'n' => '\n',
+                        't' => '\t',
+                        other => other,
+                    });
+                } else {
+                    s.push(ch);
+                }
+            }
+            toks.push(s);
+        } else {
+            let mut s = String::new();
+            while let Some(&ch) = chars.peek() {
+                if ch.is_whitespace() || "{}:\"'#".contains(ch) {
+                    break;
+                }
+                s.push(ch);
+                chars.next();
+            }
+            toks.push(s);
+        }
+    }
+    Some(toks)
+}
+
+fn text_tensor(toks: &[String], pos: &mut usize) -> Option<TensorProto> {
+    use crate::proto::{tensor_proto, DeviceOption};
+    let mut t = TensorProto::default();
+    loop {
+        let name = toks.get(*pos)?.clone();
+        *pos += 1;
+        if name == "}" {
+            return Some(t);
+        }
+        if toks.get(*pos).map(String::as_str) == Some(":") {
+            *pos += 1;
+        }
+        let value = toks.get(*pos)?.clone();
+        *pos += 1;
+        let num = |v: &str| v.parse::<f64>().ok();
+        let string = |v: &str| v.strip_prefix('"').map(|s| s.as_bytes().to_vec());
+        match name.as_str() {
+            "dims" => t.dims.push(num(&value)? as i64),
+            "data_type" => {
+                let v = tensor_proto::DataType::from_str_name(&value)
+                    .map(|d| d as i32)
+                    .or_else(|| value.parse().ok())?;
+                t.data_type = Some(v);
+            }
+            "data_format" => t.data_format = Some(num(&value)? as u32),
+            "float_data" => t.float_data.push(num(&value)? as f32),
+            "int32_data" => t.int32_data.push(num(&value)? as i32),
+            "double_data" => t.double_data.push(num(&value)?),
+            "int64_data" => t.int64_data.push(value.parse().ok()?),
+            "byte_data" => t.byte_data = Some(string(&value)?),
+            "raw_data" => t.raw_data = Some(string(&value)?),
+            "string_data" => t.string_data.push(string(&value)?),
+            "name" => t.name = Some(String::from_utf8(string(&value)?).ok()?),
+            "device_detail" | "segment" if value == "{" => {
+                let mut fields = Vec::new();
+                loop {
+                    let k = toks.get(*pos)?.clone();
+                    *pos += 1;
+                    if k == "}" {
+                        break;
+                    }
+                    if toks.get(*pos).map(String::as_str) == Some(":") {
+                        *pos += 1;
+                    }
+                    let v = toks.get(*pos)?.clone();
+                    *pos += 1;
+                    fields.push((k, v));
+                }
+                let get = |k: &str| {
+                    fields
+                        .iter()
+                        .find(|(n, _)| n == k)
+                        .and_then(|(_, v)| v.parse::<i64>().ok())
+                };
+                if name == "segment" {
+                    t.segment = Some(tensor_proto::Segment {
+                        begin: get("begin")?,
+                        end: get("end")?,
+                    });
+                } else {
+                    t.device_detail = Some(DeviceOption {
+                        device_type: get("device_type").map(|v| v as i32),
+                        device_id: get("device_id").map(|v| v as i32),
+                        ..Default::default()
+                    });
+                }
+            }
+            _ => return None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,5 +468,14 @@ mod tests {
         // A segment without its required end fails.
         let seg = [0x5a, 0x02, 0x08, 0x00];
         assert!(tensor(&seg).is_none());
+    }
+
+    #[test]
+    fn text_format_tensors() {
+        let t = text_tensors("protos {\n dims: 2\n data_type: INT32\n int32_data: 1\n int32_data: 2\n name: \"w\"\n}\n").unwrap();
+        assert_eq!(t.protos.len(), 1);
+        assert_eq!(t.protos[0].int32_data, vec![1, 2]);
+        assert_eq!(t.protos[0].name(), "w");
+        assert!(text_tensors("protos { nonsense: 1 }").is_none());
     }
 }

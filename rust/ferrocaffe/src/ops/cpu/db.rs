@@ -36,7 +36,16 @@ pub struct Reader {
 fn protodb_entries(data: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
     let scan = crate::wire::scan_stream(data, &crate::wire::TENSORS);
     if !scan.ok {
-        return None;
+        // Not binary: the text format, as the C++ runtime falls back to.
+        let text = std::str::from_utf8(data).ok()?;
+        let protos = crate::wire::text_tensors(text)?;
+        return Some(
+            protos
+                .protos
+                .into_iter()
+                .map(|p| (p.name().to_string(), prost::Message::encode_to_vec(&p)))
+                .collect(),
+        );
     }
     // Entries are the `protos` fields of the part that parsed.
     let known = scan.known;
