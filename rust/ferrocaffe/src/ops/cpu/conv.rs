@@ -128,7 +128,7 @@ impl Conv {
         let (xs, ws) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
         let y_dims = self.g.dims(d.n, d.m, d.oh, d.ow);
         let y = outs.tensor(0)?.ensure::<f32>(&y_dims);
-        if d.group == d.c && d.m == d.c {
+        if d.group == d.c && d.m == d.c && self.g.order == Order::Nhwc {
             depthwise(&self.g, &d, xs, ws, bias, y);
             return Ok(());
         }
@@ -447,45 +447,54 @@ pub(crate) fn col2im(g: &Geometry, d: &Dims, col: &[f32], img: usize, gi: usize,
     }
 }
 
-/// Depthwise convolution (one filter per channel), computed directly.
+/// Depthwise convolution (one filter per channel), computed directly: channel-major loops for
+/// NCHW, channel-minor for NHWC, so reads stay contiguous.
 fn depthwise(g: &Geometry, d: &Dims, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
     let (sh, sw) = (g.stride[0], g.stride[1]);
     let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
     let (dh, dw) = (g.dilation[0], g.dilation[1]);
     let (c, h, wd) = (d.c, d.h as isize, d.w as isize);
     let kk = d.kh * d.kw;
+    // W: NCHW [C, 1, kh, kw]; NHWC [C, kh, kw, 1]: both are ch * kk + ki * kw + kj.
+    let one = |img: usize, ch: usize, oy: usize, ox: usize| -> f32 {
+        let mut acc = bias.map_or(0.0, |b| b[ch]);
+        for ki in 0..d.kh {
+            let iy = (oy * sh + ki * dh) as isize - pt;
+            if iy < 0 || iy >= h {
+                continue;
+            }
+            for kj in 0..d.kw {
+                let ix = (ox * sw + kj * dw) as isize - pl;
+                if ix < 0 || ix >= wd {
+                    continue;
+                }
+                let xi = match g.order {
+                    Order::Nchw => ((img * c + ch) * d.h + iy as usize) * d.w + ix as usize,
+                    Order::Nhwc => ((img * d.h + iy as usize) * d.w + ix as usize) * c + ch,
+                };
+                acc += x[xi] * w[ch * kk + ki * d.kw + kj];
+            }
+        }
+        acc
+    };
     for img in 0..d.n {
-        for oy in 0..d.oh {
-            for ox in 0..d.ow {
+        match g.order {
+            Order::Nchw => {
                 for ch in 0..c {
-                    let mut acc = bias.map_or(0.0, |b| b[ch]);
-                    // W: NCHW [C, 1, kh, kw]; NHWC [C, kh, kw, 1]: both are ch * kk + ki * kw + kj.
-                    for ki in 0..d.kh {
-                        let iy = (oy * sh + ki * dh) as isize - pt;
-                        if iy < 0 || iy >= h {
-                            continue;
-                        }
-                        for kj in 0..d.kw {
-                            let ix = (ox * sw + kj * dw) as isize - pl;
-                            if ix < 0 || ix >= wd {
-                                continue;
-                            }
-                            let xi = match g.order {
-                                Order::Nchw => {
-                                    ((img * c + ch) * d.h + iy as usize) * d.w + ix as usize
-                                }
-                                Order::Nhwc => {
-                                    ((img * d.h + iy as usize) * d.w + ix as usize) * c + ch
-                                }
-                            };
-                            acc += x[xi] * w[ch * kk + ki * d.kw + kj];
+                    for oy in 0..d.oh {
+                        for ox in 0..d.ow {
+                            y[((img * c + ch) * d.oh + oy) * d.ow + ox] = one(img, ch, oy, ox);
                         }
                     }
-                    let yi = match g.order {
-                        Order::Nchw => ((img * c + ch) * d.oh + oy) * d.ow + ox,
-                        Order::Nhwc => ((img * d.oh + oy) * d.ow + ox) * c + ch,
-                    };
-                    y[yi] = acc;
+                }
+            }
+            Order::Nhwc => {
+                for oy in 0..d.oh {
+                    for ox in 0..d.ow {
+                        for ch in 0..c {
+                            y[((img * d.oh + oy) * d.ow + ox) * c + ch] = one(img, ch, oy, ox);
+                        }
+                    }
                 }
             }
         }
