@@ -1018,3 +1018,46 @@ def test_skip_sparse_optim_and_param_info_optimizers():
     types = op_types(model.net)
     assert types.count("Adagrad") == 1 and types.count("WeightedSum") == 1
     assert "ScatterWeightedSum" not in types
+
+
+def test_parameter_info_cloned_init_net_and_deprecated_param_api(caplog):
+    model = model_helper.ModelHelper(name="pi")
+    brew.fc(model, "x", "fc", 3, 2)
+    info = model.get_param_info(model.params[0])
+    init_net, blob = info.cloned_init_net()
+    assert op_types(init_net) == ["XavierFill"] and str(blob) == "param_None_fc_w_init/fc_w"
+    assert info.cloned_init_net()[0] is init_net
+    assert info.grad_type() is None
+    info.grad = core.GradientSlice("i", "v")
+    assert info.grad_type() == "sparse"
+    extra = model.param_init_net.ConstantFill([], "extra", shape=[5, 2], value=1.0)
+    with caplog.at_level(logging.WARNING):
+        deprecated = model.add_param_DEPRECATED(extra)
+    assert "DEPRECATED" in caplog.text
+    assert (deprecated.param_id, deprecated.shape, deprecated.size) == (2, [5, 2], 10)
+    assert [i.name for i in model._param_info_deprecated] == ["fc_w", "fc_b", "extra"]
+    with pytest.raises(AssertionError, match="optimizer has already been set"):
+        info.optimizer = optimizer.SgdOptimizer(0.1)
+        info.optimizer = optimizer.SgdOptimizer(0.1)
+
+
+def test_run_all_on_gpu_and_external_initializer_names():
+    model = model_helper.ModelHelper(name="gpu")
+    brew.fc(model, "x", "fc", 3, 2)
+    model.RunAllOnGPU(gpu_id=1)
+    for net in (model.net, model.param_init_net):
+        option = net.Proto().device_option
+        assert (option.device_type, option.device_id) == (caffe2_pb2.CUDA, 1)
+    init_net = core.Net("ext")
+    with scope.NameScope("s"):
+        by_name = initializers.ExternalInitializer().create_param("w", init_net, [1])
+        by_ref = initializers.ExternalInitializer().create_param(
+            core.BlobReference("w"), init_net, [1]
+        )
+    assert (str(by_name.blob), str(by_ref.blob)) == ("s/w", "w")
+    assert by_name.blob.Net() is init_net and len(init_net.Proto().op) == 0
+    with pytest.raises(Exception, match="overwrites are not allowed"):
+        initializers.Initializer("XavierFill").update("MSRAFill", {})
+    lazy = initializers.Initializer()
+    lazy.update("MSRAFill", {"std": 1})
+    assert (lazy.operator_name, lazy.operator_kwargs) == ("MSRAFill", {"std": 1})
