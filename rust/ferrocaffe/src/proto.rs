@@ -79,11 +79,19 @@ pub fn reencode(message: &str, bytes: &[u8]) -> Result<Vec<u8>> {
     f(bytes)
 }
 
-/// Decodes a binary protobuf. Unknown fields are skipped (not preserved; see the README).
+mod lenient;
+
+/// Decodes a binary protobuf. Unknown fields are skipped (not preserved; see the README), and,
+/// as in protobuf's C++ and Python runtimes, so is a known field that arrives with the wrong
+/// wire type.
 pub fn decode<M: Named>(bytes: &[u8]) -> Result<M> {
-    M::decode(bytes).map_err(|e| Error::Decode {
-        message: M::FULL_NAME,
-        reason: e.to_string(),
+    M::decode(bytes).or_else(|e| {
+        lenient::strip_mistyped(M::FULL_NAME, bytes)
+            .and_then(|clean| M::decode(clean.as_slice()).ok())
+            .ok_or_else(|| Error::Decode {
+                message: M::FULL_NAME,
+                reason: e.to_string(),
+            })
     })
 }
 
