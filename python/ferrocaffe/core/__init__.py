@@ -3,12 +3,12 @@ device helpers, SSA and gradients. Each concept lives in its own submodule; this
 re-exports them under the names Caffe2 users know (``core.Net``, ``core.CreateOperator``, ...).
 """
 
-from ferrocaffe.proto import caffe2_pb2  # noqa: F401  (Caffe2 exposed it as core.caffe2_pb2)
 from ferrocaffe.core.blob import *  # noqa: F401,F403
-from ferrocaffe.core.operator import *  # noqa: F401,F403
-from ferrocaffe.core.net import *  # noqa: F401,F403
-from ferrocaffe.core.device import *  # noqa: F401,F403
-from ferrocaffe.core.plan import *  # noqa: F401,F403
 from ferrocaffe.core.clone import *  # noqa: F401,F403
-from ferrocaffe.core.ssa import *  # noqa: F401,F403
+from ferrocaffe.core.device import *  # noqa: F401,F403
 from ferrocaffe.core.gradients import *  # noqa: F401,F403
+from ferrocaffe.core.net import *  # noqa: F401,F403
+from ferrocaffe.core.operator import *  # noqa: F401,F403
+from ferrocaffe.core.plan import *  # noqa: F401,F403
+from ferrocaffe.core.ssa import *  # noqa: F401,F403
+from ferrocaffe.proto import caffe2_pb2  # noqa: F401  (Caffe2 exposed it as core.caffe2_pb2)

@@ -124,10 +124,11 @@ fn skip(buf: &mut &[u8], wire: u8, number: u32, depth: usize) -> Option<()> {
     }
 }
 
+/// Reads a field key with prost's rules (at most 32 bits, field number ≥ 1, wire type ≤ 5),
+/// so that this pass never accepts what prost itself would reject.
 fn tag(buf: &mut &[u8]) -> Option<(u32, u8)> {
-    let key = decode_varint(buf).ok()?;
-    let number = u32::try_from(key >> 3).ok()?;
-    let wire = (key & 7) as u8;
+    let key = u32::try_from(decode_varint(buf).ok()?).ok()?;
+    let (number, wire) = (key >> 3, (key & 7) as u8);
     (number != 0 && wire <= FIXED32).then_some((number, wire))
 }
 
@@ -199,6 +200,14 @@ mod tests {
         net.extend_from_slice(&op);
         let clean = strip_mistyped("caffe2.NetDef", &net).expect("something to drop");
         assert_eq!(clean, vec![0x12, 0x03, 0x1a, 0x01, b'R']);
+    }
+
+    #[test]
+    fn keys_beyond_32_bits_give_none() {
+        // A mistyped field (so there is something to drop) after a 35-bit key.
+        let bytes = [0x9d, 0xb6, 0xa6, 0xee, 0x12, 0x01, 0x4a, 0x01];
+        assert!(prost::encoding::decode_key(&mut &bytes[..]).is_err());
+        assert_eq!(strip_mistyped("caffe2.NetDef", &bytes), None);
     }
 
     #[test]
