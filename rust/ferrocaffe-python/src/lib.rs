@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 mod errors;
+mod graph;
 
 /// The encoded `FileDescriptorSet` of caffe2.proto (used to build `caffe2_pb2`).
 #[pyfunction]
@@ -24,5 +25,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(file_descriptor_set, m)?)?;
     m.add_function(wrap_pyfunction!(registered_operators, m)?)?;
     errors::register(m)?;
+    graph::register(m)?;
     Ok(())
 }

@@ -426,14 +426,16 @@ impl<'a> Graph<'a> {
         &self.consumers[self.cons_off[v.index()] as usize..self.cons_off[v.index() + 1] as usize]
     }
 
-    /// The op output that produces `(name, version)`, if an op of the net does.
+    /// The op output that produces `(name, version)`, if an op of the net does. (One lookup
+    /// scans the values; use [`Graph::producer_map`] for many.)
     pub fn producer(&self, name: &str, version: Version) -> Option<OpSlot> {
         self.ssa
             .find_value(name, version)
             .and_then(|v| self.producers[v.index()])
     }
 
-    /// The op inputs that read `(name, version)`, in op order.
+    /// The op inputs that read `(name, version)`, in op order. (One lookup scans the values;
+    /// use [`Graph::consumer_map`] for many.)
     pub fn consumers(&self, name: &str, version: Version) -> &[OpSlot] {
         match self.ssa.find_value(name, version) {
             Some(v) => self.value_consumers(v),
@@ -443,27 +445,43 @@ impl<'a> Graph<'a> {
 
     /// Every produced `(name, version)` with its producer, ordered by first production.
     pub fn producer_map(&self) -> Vec<((&str, Version), OpSlot)> {
+        self.producer_map_by_value()
+            .into_iter()
+            .map(|(v, p)| {
+                let (b, ver) = self.ssa.value(v);
+                ((self.ssa.name(b), ver), p)
+            })
+            .collect()
+    }
+
+    /// [`Graph::producer_map`] keyed by value id (resolve with `graph.ssa().value(v)`).
+    pub fn producer_map_by_value(&self) -> Vec<(ValueId, OpSlot)> {
         self.ssa
             .output_producers()
             .into_iter()
-            .filter_map(|(v, _)| {
-                let (b, ver) = self.ssa.value(v);
-                self.producers[v.index()].map(|p| ((self.ssa.name(b), ver), p))
-            })
+            .filter_map(|(v, _)| self.producers[v.index()].map(|p| (v, p)))
             .collect()
     }
 
     /// Every read `(name, version)` with its consumers (in op order), ordered by first read.
     pub fn consumer_map(&self) -> Vec<((&str, Version), &[OpSlot])> {
+        self.consumer_map_by_value()
+            .into_iter()
+            .map(|(v, c)| {
+                let (b, ver) = self.ssa.value(v);
+                ((self.ssa.name(b), ver), c)
+            })
+            .collect()
+    }
+
+    /// [`Graph::consumer_map`] keyed by value id (resolve with `graph.ssa().value(v)`).
+    pub fn consumer_map_by_value(&self) -> Vec<(ValueId, &[OpSlot])> {
         let mut seen = vec![false; self.ssa.num_values()];
         let mut out = Vec::new();
         for op in 0..self.ssa.len() {
             for s in self.ssa.inputs(op) {
                 if !std::mem::replace(&mut seen[s.value.index()], true) {
-                    out.push((
-                        (self.ssa.name(s.blob), s.version),
-                        self.value_consumers(s.value),
-                    ));
+                    out.push((s.value, self.value_consumers(s.value)));
                 }
             }
         }
