@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from ferrocaffe import core
 from ferrocaffe.proto import caffe2_pb2
 
