@@ -81,36 +81,40 @@ impl<'a> Editable<'a> {
         ids.iter().map(|&b| self.io.name(b).to_string()).collect()
     }
 
-    /// Renames every slot holding `value` (per `ssa`, computed on this net) to `new`, and the
-    /// external input/output entries when the value is the one the net starts/ends with.
-    fn rename_value(
+    /// Renames the version `version` of blob `old_name` to `new_name`: every slot holding it
+    /// (`value`, per `ssa` computed on this net, if some op touches it), and the external
+    /// input/output entries when it is the version the net starts/ends with.
+    #[allow(clippy::too_many_arguments)]
+    fn rename_version(
         &mut self,
         ssa: &Ssa,
-        value: ValueId,
+        old_name: &str,
+        version: Version,
+        value: Option<ValueId>,
         new_name: &str,
         start: Version,
         end: Version,
     ) {
-        let (old_blob, version) = ssa.value(value);
-        let old_name = ssa.name(old_blob).to_string();
         let new = self.io.intern(new_name);
-        for op in 0..ssa.len() {
-            let mut touched = false;
-            for (j, s) in ssa.inputs(op).iter().enumerate() {
-                if s.value == value {
-                    self.io.op_inputs_mut(op)[j] = new;
-                    touched = true;
+        if let Some(value) = value {
+            for op in 0..ssa.len() {
+                let mut touched = false;
+                for (j, s) in ssa.inputs(op).iter().enumerate() {
+                    if s.value == value {
+                        self.io.op_inputs_mut(op)[j] = new;
+                        touched = true;
+                    }
                 }
-            }
-            for (j, s) in ssa.outputs(op).iter().enumerate() {
-                if s.value == value {
-                    self.io.op_outputs_mut(op)[j] = new;
-                    touched = true;
+                for (j, s) in ssa.outputs(op).iter().enumerate() {
+                    if s.value == value {
+                        self.io.op_outputs_mut(op)[j] = new;
+                        touched = true;
+                    }
                 }
+                self.dirty[op] |= touched;
             }
-            self.dirty[op] |= touched;
         }
-        let Some(old) = self.io.names().get(&old_name) else {
+        let Some(old) = self.io.names().get(old_name) else {
             return;
         };
         if version == start {
@@ -607,14 +611,20 @@ impl<'a> Graph<'a> {
         let end = self.ssa.version(&old_name).unwrap_or(0);
         if slot.version == start {
             if let (Some(init), Some(init_ssa)) = (self.init.as_mut(), self.init_ssa.as_ref()) {
-                if let Some(iv) = init_ssa.find_value(&old_name, slot.version) {
-                    let init_end = init_ssa.version(&old_name).unwrap_or(0);
-                    init.rename_value(init_ssa, iv, new_name, 0, init_end);
-                }
+                let iv = init_ssa.find_value(&old_name, slot.version);
+                let init_end = init_ssa.version(&old_name).unwrap_or(0);
+                init.rename_version(init_ssa, &old_name, slot.version, iv, new_name, 0, init_end);
             }
         }
-        self.net
-            .rename_value(&self.ssa, slot.value, new_name, start, end);
+        self.net.rename_version(
+            &self.ssa,
+            &old_name,
+            slot.version,
+            Some(slot.value),
+            new_name,
+            start,
+            end,
+        );
         self.reindex();
         Ok(())
     }
@@ -636,8 +646,15 @@ impl<'a> Graph<'a> {
             return Ok(());
         }
         let end = self.ssa.version(old_name).unwrap_or(0);
-        self.net
-            .rename_value(&self.ssa, slot.value, new_name, Version::MIN, end);
+        self.net.rename_version(
+            &self.ssa,
+            old_name,
+            slot.version,
+            Some(slot.value),
+            new_name,
+            Version::MIN,
+            end,
+        );
         self.reindex();
         Ok(())
     }
