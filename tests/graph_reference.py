@@ -99,7 +99,7 @@ def _replace_entry(entries, old, new):
 
 
 def _rename_version(net, ssa, old, version, new, start_version, end_version):
-    for op, (inputs, outputs) in zip(net.op, ssa):
+    for op, (inputs, outputs) in zip(net.op, ssa, strict=True):
         for j, versioned in enumerate(inputs):
             if versioned == (old, version):
                 op.input[j] = new

@@ -40,7 +40,9 @@ def _proto(net, what="net"):
     proto = net.Proto() if hasattr(net, "Proto") else net
     descriptor = getattr(proto, "DESCRIPTOR", None)
     if getattr(descriptor, "full_name", None) != "caffe2.NetDef":
-        raise TypeError("%s must be a caffe2_pb2.NetDef or a Net, got %s" % (what, type(net).__name__))
+        raise TypeError(
+            "%s must be a caffe2_pb2.NetDef or a Net, got %s" % (what, type(net).__name__)
+        )
     return proto
 
 
