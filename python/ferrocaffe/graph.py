@@ -18,6 +18,7 @@ Example::
 from collections import defaultdict
 
 from ferrocaffe import _native
+from ferrocaffe._gc import gc_paused
 
 __all__ = [
     "IllegalGraphTransformError",
@@ -59,13 +60,17 @@ def _parse(cls, data):
 
 def producer_map(net):
     """``{(name, version): (op_index, output_index)}`` for every blob version an op writes."""
-    return _native.graph_producer_map(_serialize(net)[1])
+    data = _serialize(net)[1]
+    with gc_paused():
+        return _native.graph_producer_map(data)
 
 
 def consumer_map(net):
     """``{(name, version): [(op_index, input_index), ...]}`` for every blob version ops read,
     as a ``defaultdict(list)`` (a version nothing reads maps to ``[]``)."""
-    return defaultdict(list, _native.graph_consumer_map(_serialize(net)[1]))
+    data = _serialize(net)[1]
+    with gc_paused():
+        return defaultdict(list, _native.graph_consumer_map(data))
 
 
 def versioned_external_outputs(net):

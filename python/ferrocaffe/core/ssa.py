@@ -10,6 +10,7 @@ written) start at version 0.
 """
 
 from ferrocaffe import _native
+from ferrocaffe._gc import gc_paused
 
 __all__ = ["get_ssa", "get_undefined_blobs", "get_output_producers", "get_op_ids_in_path"]
 
@@ -41,7 +42,9 @@ def get_ssa(net, blob_versions=None):
     start = None
     if blob_versions:
         start = [(str(name), version) for name, version in blob_versions.items()]
-    ssa, versions = _native.ssa_get_ssa(proto.SerializePartialToString(), start)
+    data = proto.SerializePartialToString()
+    with gc_paused():
+        ssa, versions = _native.ssa_get_ssa(data, start)
     if blob_versions is None:
         return ssa, versions
     blob_versions.update(versions)
@@ -55,7 +58,8 @@ def get_undefined_blobs(ssa):
 
 def get_output_producers(ssa):
     """A dict from each versioned output ``(name, version)`` to the index of its op."""
-    return _native.ssa_get_output_producers(ssa)
+    with gc_paused():
+        return _native.ssa_get_output_producers(ssa)
 
 
 def get_op_ids_in_path(ssa, blob_versions, inputs, outputs):

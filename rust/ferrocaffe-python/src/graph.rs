@@ -3,7 +3,7 @@
 //! Nets cross as serialized `NetDef` bytes; results come back as the Python lists, tuples,
 //! sets and dicts Caffe2 returned. The algorithms run with the GIL released.
 
-use ferrocaffe::graph::{Graph, Ssa, Version};
+use ferrocaffe::graph::{Graph, Ssa, ValueId, Version};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PySet, PyString, PyTuple};
 
@@ -122,27 +122,20 @@ fn ssa_get_ssa<'py>(
         .detach(|| Ssa::from_bytes(net, start.iter().map(|(n, v)| (n.as_str(), *v))))
         .py()?;
     let mut objs = Objects::new(py, &ssa);
-    let mut ops = Vec::with_capacity(ssa.len());
-    for op in 0..ssa.len() {
-        let ins = ssa
-            .inputs(op)
-            .iter()
-            .map(|s| objs.value(s.value))
-            .collect::<PyResult<Vec<_>>>()?;
-        let outs = ssa
-            .outputs(op)
-            .iter()
-            .map(|s| objs.value(s.value))
-            .collect::<PyResult<Vec<_>>>()?;
-        let entry = PyTuple::new(
-            py,
-            [
-                PyList::new(py, ins)?.into_any(),
-                PyList::new(py, outs)?.into_any(),
-            ],
-        )?;
-        ops.push(entry);
-    }
+    // One `(name, version)` tuple per value, shared by every op that reads or writes it.
+    let values = (0..ssa.num_values())
+        .map(|v| objs.value(ValueId(v as u32)))
+        .collect::<PyResult<Vec<_>>>()?;
+    let side = |slots: &[ferrocaffe::graph::Slot]| {
+        PyList::new(py, slots.iter().map(|s| &values[s.value.index()]))
+    };
+    let ops = (0..ssa.len())
+        .map(|op| {
+            let ins = side(ssa.inputs(op))?;
+            let outs = side(ssa.outputs(op))?;
+            PyTuple::new(py, [ins, outs])
+        })
+        .collect::<PyResult<Vec<_>>>()?;
     let versions = PyDict::new(py);
     for (b, v) in ssa.blob_version_ids() {
         versions.set_item(objs.name(b), v)?;

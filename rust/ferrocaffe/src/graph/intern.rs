@@ -37,21 +37,23 @@ pub struct Names {
     arena: String,
     /// End offset in `arena` of each name; name `i` spans `ends[i-1]..ends[i]`.
     ends: Vec<usize>,
-    hashes: Vec<u64>,
-    /// Open-addressing table of `id + 1` (0 = empty slot); length is a power of two.
-    table: Vec<u32>,
+    /// Open-addressing table (length a power of two), in two arrays: a one-byte tag per slot
+    /// (0 = empty, else `0x80 |` the top 7 bits of the hash) that probes scan, and the id in
+    /// each slot, read only when the tag matches. The tags of a 500k-slot table fit in cache.
+    tags: Vec<u8>,
+    slots: Vec<u32>,
 }
 
 impl Names {
-    /// An empty table with room for about `n` names before it grows.
+    /// An empty table with room for about `n` names (of `bytes` bytes in all) before it grows.
     pub fn with_capacity(n: usize, bytes: usize) -> Self {
         let mut names = Names {
             arena: String::with_capacity(bytes),
             ends: Vec::with_capacity(n),
-            hashes: Vec::with_capacity(n),
-            table: Vec::new(),
+            tags: Vec::new(),
+            slots: Vec::new(),
         };
-        names.rehash((n * 2).next_power_of_two().max(16));
+        names.rehash(Self::table_size(n));
         names
     }
 
@@ -75,53 +77,63 @@ impl Names {
         &self.arena[start..self.ends[i]]
     }
 
-    /// The id of `name`, if it was interned.
-    pub fn get(&self, name: &str) -> Option<BlobId> {
-        if self.table.is_empty() {
-            return None;
-        }
-        let h = hash_str(name);
-        let mask = self.table.len() - 1;
+    /// Slots for `n` names at a load of at most 7/8 (probes scan one-byte tags, so long runs
+    /// are cheap, and a small table stays in cache).
+    fn table_size(n: usize) -> usize {
+        (n + n / 7 + 1).next_power_of_two().max(16)
+    }
+
+    #[inline]
+    fn tag(h: u64) -> u8 {
+        0x80 | (h >> 57) as u8
+    }
+
+    /// Finds `name`: `Ok(id)` if interned, else `Err(slot)` where it would go.
+    #[inline]
+    fn find(&self, name: &str, h: u64) -> Result<BlobId, usize> {
+        let mask = self.tags.len() - 1;
+        let tag = Self::tag(h);
         let mut slot = (h as usize) & mask;
         loop {
-            let entry = self.table[slot];
-            if entry == 0 {
-                return None;
+            let t = self.tags[slot];
+            if t == 0 {
+                return Err(slot);
             }
-            let id = BlobId(entry - 1);
-            if self.hashes[id.index()] == h && self.name(id) == name {
-                return Some(id);
+            if t == tag {
+                let id = BlobId(self.slots[slot]);
+                if self.name(id) == name {
+                    return Ok(id);
+                }
             }
             slot = (slot + 1) & mask;
         }
     }
 
+    /// The id of `name`, if it was interned.
+    pub fn get(&self, name: &str) -> Option<BlobId> {
+        if self.tags.is_empty() {
+            return None;
+        }
+        self.find(name, hash_str(name)).ok()
+    }
+
     /// The id of `name`, interning it if it is new.
     pub fn intern(&mut self, name: &str) -> BlobId {
-        if self.table.is_empty() {
+        if self.tags.is_empty() {
             self.rehash(16);
         }
         let h = hash_str(name);
-        let mask = self.table.len() - 1;
-        let mut slot = (h as usize) & mask;
-        loop {
-            let entry = self.table[slot];
-            if entry == 0 {
-                break;
-            }
-            let id = BlobId(entry - 1);
-            if self.hashes[id.index()] == h && self.name(id) == name {
-                return id;
-            }
-            slot = (slot + 1) & mask;
-        }
+        let slot = match self.find(name, h) {
+            Ok(id) => return id,
+            Err(slot) => slot,
+        };
         let id = BlobId(self.ends.len() as u32);
         self.arena.push_str(name);
         self.ends.push(self.arena.len());
-        self.hashes.push(h);
-        self.table[slot] = id.0 + 1;
-        if self.ends.len() * 2 > self.table.len() {
-            self.rehash(self.table.len() * 2);
+        self.tags[slot] = Self::tag(h);
+        self.slots[slot] = id.0;
+        if self.ends.len() * 8 > self.tags.len() * 7 {
+            self.rehash(self.tags.len() * 2);
         }
         id
     }
@@ -135,16 +147,20 @@ impl Names {
     }
 
     fn rehash(&mut self, size: usize) {
-        self.table.clear();
-        self.table.resize(size, 0);
+        let mut tags = vec![0u8; size];
+        let mut slots = vec![0u32; size];
         let mask = size - 1;
-        for (i, &h) in self.hashes.iter().enumerate() {
+        for i in 0..self.len() {
+            let h = hash_str(self.name(BlobId(i as u32)));
             let mut slot = (h as usize) & mask;
-            while self.table[slot] != 0 {
+            while tags[slot] != 0 {
                 slot = (slot + 1) & mask;
             }
-            self.table[slot] = i as u32 + 1;
+            tags[slot] = Self::tag(h);
+            slots[slot] = i as u32;
         }
+        self.tags = tags;
+        self.slots = slots;
     }
 }
 

@@ -72,19 +72,32 @@ impl NetIo {
         io
     }
 
+    /// Reads the shape of a serialized `caffe2.NetDef`.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let mut io = Self::for_bytes(bytes);
+        wire::visit_net(bytes, &mut io)?;
+        Ok(io)
+    }
+
     /// Reads the shape of a serialized `caffe2.NetDef`, and where its fields lie.
-    pub fn from_bytes(bytes: &[u8]) -> Result<(Self, NetLayout)> {
+    pub fn from_bytes_with_layout(bytes: &[u8]) -> Result<(Self, NetLayout)> {
+        let mut io = Self::for_bytes(bytes);
+        let layout = wire::scan_net(bytes, &mut io)?;
+        Ok((io, layout))
+    }
+
+    /// An empty shape with room for what `bytes` probably hold (a hint: about 30 bytes per
+    /// op; reserving more than is used costs address space, not memory).
+    fn for_bytes(bytes: &[u8]) -> Self {
         let mut io = NetIo::empty();
-        // About 30 bytes per op in typical nets; a hint only.
-        let ops_hint = bytes.len() / 32;
-        io.names = Names::with_capacity(ops_hint, bytes.len() / 4);
+        let ops_hint = bytes.len() / 16;
+        io.names = Names::with_capacity(bytes.len() / 24, bytes.len() / 2);
         io.op_type.reserve(ops_hint);
         io.in_off.reserve(ops_hint);
         io.out_off.reserve(ops_hint);
-        io.inputs.reserve(ops_hint * 2);
-        io.outputs.reserve(ops_hint);
-        let layout = wire::scan_net(bytes, &mut io)?;
-        Ok((io, layout))
+        io.inputs.reserve(ops_hint * 3);
+        io.outputs.reserve(ops_hint * 2);
+        io
     }
 
     /// Number of ops.
@@ -95,6 +108,11 @@ impl NetIo {
     /// The blob-name table.
     pub fn names(&self) -> &Names {
         &self.names
+    }
+
+    /// Moves the blob-name table out (leaving an empty one); the ids stay meaningful for it.
+    pub(crate) fn take_names(&mut self) -> Names {
+        std::mem::take(&mut self.names)
     }
 
     /// Interns a blob name (for edits).
@@ -239,7 +257,8 @@ mod tests {
     fn bytes_and_message_agree() {
         let net = net();
         let a = NetIo::from_net(&net);
-        let (b, layout) = NetIo::from_bytes(&encode(&net)).unwrap();
+        let (b, layout) = NetIo::from_bytes_with_layout(&encode(&net)).unwrap();
+        assert_eq!(NetIo::from_bytes(&encode(&net)).unwrap().num_ops(), 2);
         assert_eq!(layout.ops.len(), 2);
         for io in [&a, &b] {
             assert_eq!(io.num_ops(), 2);

@@ -82,7 +82,9 @@ pub struct Ssa {
 impl Ssa {
     /// `core.get_ssa(net)`.
     pub fn of(net: &NetDef) -> Ssa {
-        Self::compute_unchecked(&NetIo::from_net(net), None)
+        let mut io = NetIo::from_net(net);
+        let names = io.take_names();
+        Self::compute_with_names(&io, names, None)
     }
 
     /// `core.get_ssa(net, blob_versions)` with a starting map (later duplicates of a name
@@ -112,18 +114,23 @@ impl Ssa {
         bytes: &[u8],
         start: impl IntoIterator<Item = (S, Version)>,
     ) -> Result<Ssa> {
-        let (io, _) = NetIo::from_bytes(bytes)?;
-        Self::from_io(&io, start)
+        Self::from_net_io(NetIo::from_bytes(bytes)?, start)
     }
 
-    /// `core.get_ssa` of a net already read into a [`NetIo`]. Blob ids of `io` stay valid in
-    /// the result.
-    pub fn from_io<S: AsRef<str>>(
-        io: &NetIo,
+    /// [`Ssa::from_io`] consuming the [`NetIo`] (its name table moves into the result).
+    pub fn from_net_io<S: AsRef<str>>(
+        mut io: NetIo,
         start: impl IntoIterator<Item = (S, Version)>,
     ) -> Result<Ssa> {
         let start: Vec<(S, Version)> = start.into_iter().collect();
-        let max_start = start.iter().map(|(_, v)| *v).max().unwrap_or(0);
+        Self::check_start(&io, start.iter().map(|(_, v)| *v))?;
+        let start_ref: Vec<(&str, Version)> = start.iter().map(|(s, v)| (s.as_ref(), *v)).collect();
+        let names = io.take_names();
+        Ok(Self::compute_with_names(&io, names, Some(&start_ref)))
+    }
+
+    fn check_start(io: &NetIo, versions: impl Iterator<Item = Version>) -> Result<()> {
+        let max_start = versions.max().unwrap_or(0);
         // Each output bumps one version by one.
         if max_start
             .checked_add(io.op_outputs_total() as i64)
@@ -133,13 +140,28 @@ impl Ssa {
                 "get_ssa: starting version {max_start} would overflow a 64-bit version"
             )));
         }
+        Ok(())
+    }
+
+    /// `core.get_ssa` of a net already read into a [`NetIo`]. Blob ids of `io` stay valid in
+    /// the result.
+    pub fn from_io<S: AsRef<str>>(
+        io: &NetIo,
+        start: impl IntoIterator<Item = (S, Version)>,
+    ) -> Result<Ssa> {
+        let start: Vec<(S, Version)> = start.into_iter().collect();
+        Self::check_start(io, start.iter().map(|(_, v)| *v))?;
         let start_ref: Vec<(&str, Version)> = start.iter().map(|(s, v)| (s.as_ref(), *v)).collect();
         Ok(Self::compute_unchecked(io, Some(&start_ref)))
     }
 
     /// The computation behind `get_ssa`; the caller guarantees no version overflows.
     pub(crate) fn compute_unchecked(io: &NetIo, start: Option<&[(&str, Version)]>) -> Ssa {
-        let mut names = io.names().clone();
+        Self::compute_with_names(io, io.names().clone(), start)
+    }
+
+    /// [`Ssa::compute_unchecked`] with `io`'s name table given (moved out of a temporary `io`).
+    fn compute_with_names(io: &NetIo, mut names: Names, start: Option<&[(&str, Version)]>) -> Ssa {
         let mut order = Vec::new();
         let mut pending: Vec<(BlobId, Version)> = Vec::new();
         if let Some(start) = start {

@@ -73,7 +73,7 @@ impl<'a> Editable<'a> {
     }
 
     fn from_bytes(bytes: &'a [u8]) -> Result<Self> {
-        let (io, layout) = NetIo::from_bytes(bytes)?;
+        let (io, layout) = NetIo::from_bytes_with_layout(bytes)?;
         Ok(Self::new(Source::Bytes { bytes, layout }, io))
     }
 
@@ -196,31 +196,37 @@ impl<'a> Editable<'a> {
         let mut src_op = 0;
         let mut payload = Vec::new();
         for (field, range) in &layout.fields {
+            let range = range.start as usize..range.end as usize;
             match *field {
                 wire::NET_OP => {
-                    let cur = current[src_op];
-                    let op_range = layout.ops[src_op].clone();
-                    src_op += 1;
-                    if cur == usize::MAX {
-                        continue;
-                    }
-                    if self.dirty[cur] {
-                        payload.clear();
-                        wire::rewrite_op(
-                            bytes,
-                            op_range,
-                            self.io.op_inputs(cur).iter().map(|&b| self.io.name(b)),
-                            self.io.op_outputs(cur).iter().map(|&b| self.io.name(b)),
-                            &mut payload,
-                        )?;
-                        wire::put_len_field(&mut out, wire::NET_OP, &payload);
-                    } else {
-                        out.extend_from_slice(&bytes[range.clone()]);
+                    // A run of ops: copy the kept, untouched ones, rewrite the edited ones.
+                    while src_op < layout.ops.len()
+                        && (layout.ops[src_op].end as usize) <= range.end
+                    {
+                        let cur = current[src_op];
+                        let op_range = layout.op(src_op);
+                        src_op += 1;
+                        if cur == usize::MAX {
+                            continue;
+                        }
+                        if self.dirty[cur] {
+                            payload.clear();
+                            wire::rewrite_op(
+                                bytes,
+                                op_range,
+                                self.io.op_inputs(cur).iter().map(|&b| self.io.name(b)),
+                                self.io.op_outputs(cur).iter().map(|&b| self.io.name(b)),
+                                &mut payload,
+                            )?;
+                            wire::put_len_field(&mut out, wire::NET_OP, &payload);
+                        } else {
+                            wire::put_len_field(&mut out, wire::NET_OP, &bytes[op_range]);
+                        }
                     }
                 }
                 wire::NET_EXTERNAL_INPUT if self.ext_in_dirty => {}
                 wire::NET_EXTERNAL_OUTPUT if self.ext_out_dirty => {}
-                _ => out.extend_from_slice(&bytes[range.clone()]),
+                _ => out.extend_from_slice(&bytes[range]),
             }
         }
         if self.ext_in_dirty {

@@ -45,12 +45,23 @@ pub trait NetVisitor {
 }
 
 /// Where the fields of a serialized net lie, for writing an edited copy.
+///
+/// Offsets are `u32`: protobuf messages are limited to 2 GiB.
 #[derive(Debug, Clone, Default)]
 pub struct NetLayout {
-    /// Every top-level field in wire order: field number and byte range (tag included).
-    pub fields: Vec<(u32, std::ops::Range<usize>)>,
+    /// The top-level fields in wire order: field number and byte range (tags included). A run
+    /// of consecutive `op` fields is one entry (field 2) covering the whole run.
+    pub fields: Vec<(u32, std::ops::Range<u32>)>,
     /// The payload (without tag and length) of every op, in order.
-    pub ops: Vec<std::ops::Range<usize>>,
+    pub ops: Vec<std::ops::Range<u32>>,
+}
+
+impl NetLayout {
+    /// The payload range of op `i`.
+    pub fn op(&self, i: usize) -> std::ops::Range<usize> {
+        let r = &self.ops[i];
+        r.start as usize..r.end as usize
+    }
 }
 
 fn malformed(reason: String) -> Error {
@@ -60,12 +71,29 @@ fn malformed(reason: String) -> Error {
     }
 }
 
-#[inline]
+#[cold]
+fn truncated_varint(pos: usize) -> Error {
+    malformed(format!("truncated or over-long varint at byte {pos}"))
+}
+
+#[inline(always)]
 fn read_varint(buf: &[u8], pos: &mut usize) -> Result<u64> {
+    // One-byte varints (tags, short lengths) are by far the most common.
+    if let Some(&b) = buf.get(*pos) {
+        if b < 0x80 {
+            *pos += 1;
+            return Ok(u64::from(b));
+        }
+    }
+    read_varint_slow(buf, pos)
+}
+
+fn read_varint_slow(buf: &[u8], pos: &mut usize) -> Result<u64> {
+    let start = *pos;
     let mut value = 0u64;
     for shift in (0..64).step_by(7) {
         let Some(&b) = buf.get(*pos) else {
-            return Err(malformed(format!("truncated varint at byte {}", *pos)));
+            return Err(truncated_varint(start));
         };
         *pos += 1;
         value |= u64::from(b & 0x7f) << shift;
@@ -73,14 +101,18 @@ fn read_varint(buf: &[u8], pos: &mut usize) -> Result<u64> {
             return Ok(value);
         }
     }
-    Err(malformed(format!(
-        "varint longer than 10 bytes before byte {}",
-        *pos
-    )))
+    Err(truncated_varint(start))
+}
+
+#[cold]
+fn past_end(len: u64, start: usize, total: usize) -> Error {
+    malformed(format!(
+        "length {len} at byte {start} runs past the end ({total} bytes)"
+    ))
 }
 
 /// Reads a length prefix and returns the payload range.
-#[inline]
+#[inline(always)]
 fn read_len(buf: &[u8], pos: &mut usize) -> Result<std::ops::Range<usize>> {
     let len = read_varint(buf, pos)?;
     let start = *pos;
@@ -88,12 +120,7 @@ fn read_len(buf: &[u8], pos: &mut usize) -> Result<std::ops::Range<usize>> {
         .ok()
         .and_then(|l| start.checked_add(l))
         .filter(|&e| e <= buf.len())
-        .ok_or_else(|| {
-            malformed(format!(
-                "length {len} at byte {start} runs past the end ({} bytes)",
-                buf.len()
-            ))
-        })?;
+        .ok_or_else(|| past_end(len, start, buf.len()))?;
     *pos = end;
     Ok(start..end)
 }
@@ -152,7 +179,7 @@ fn skip_value(buf: &[u8], pos: &mut usize, field: u32, wire: u8, depth: u32) -> 
     Ok(())
 }
 
-#[inline]
+#[inline(always)]
 fn utf8<'a>(
     buf: &'a [u8],
     range: std::ops::Range<usize>,
@@ -204,19 +231,51 @@ fn expect_len(wire: u8, what: &dyn Fn() -> String) -> Result<()> {
 /// ```
 pub fn scan_net<V: NetVisitor>(buf: &[u8], visitor: &mut V) -> Result<NetLayout> {
     let mut layout = NetLayout::default();
+    scan(buf, visitor, Some(&mut layout))?;
+    Ok(layout)
+}
+
+/// [`scan_net`] without recording the layout (for read-only uses).
+pub fn visit_net<V: NetVisitor>(buf: &[u8], visitor: &mut V) -> Result<()> {
+    scan(buf, visitor, None)
+}
+
+fn scan<V: NetVisitor>(
+    buf: &[u8],
+    visitor: &mut V,
+    mut layout: Option<&mut NetLayout>,
+) -> Result<()> {
+    if u32::try_from(buf.len()).is_err() {
+        return Err(malformed(format!(
+            "{} bytes is more than a protobuf message may hold",
+            buf.len()
+        )));
+    }
+    if let Some(l) = layout.as_deref_mut() {
+        // About 30 bytes per op in typical nets; over-reserving only costs address space.
+        l.ops.reserve(buf.len() / 16);
+    }
     let mut pos = 0;
+    let mut num_ops = 0;
     while pos < buf.len() {
         let start = pos;
         let (field, wire) = read_tag(buf, &mut pos)?;
         match field {
             NET_OP => {
-                expect_len(wire, &|| format!("op #{}", layout.ops.len()))?;
+                expect_len(wire, &|| format!("op #{num_ops}"))?;
                 let payload = read_len(buf, &mut pos)?;
-                let index = layout.ops.len();
-                visitor.begin_op(index);
-                scan_op(buf, payload.clone(), index, visitor)?;
+                visitor.begin_op(num_ops);
+                scan_op(buf, payload.clone(), num_ops, visitor)?;
                 visitor.end_op();
-                layout.ops.push(payload);
+                num_ops += 1;
+                if let Some(l) = layout.as_deref_mut() {
+                    l.ops.push(payload.start as u32..payload.end as u32);
+                    match l.fields.last_mut() {
+                        Some((NET_OP, run)) if run.end as usize == start => run.end = pos as u32,
+                        _ => l.fields.push((NET_OP, start as u32..pos as u32)),
+                    }
+                }
+                continue;
             }
             NET_EXTERNAL_INPUT | NET_EXTERNAL_OUTPUT => {
                 let what = if field == NET_EXTERNAL_INPUT {
@@ -235,9 +294,11 @@ pub fn scan_net<V: NetVisitor>(buf: &[u8], visitor: &mut V) -> Result<NetLayout>
             }
             _ => skip_value(buf, &mut pos, field, wire, 0)?,
         }
-        layout.fields.push((field, start..pos));
+        if let Some(l) = layout.as_deref_mut() {
+            l.fields.push((field, start as u32..pos as u32));
+        }
     }
-    Ok(layout)
+    Ok(())
 }
 
 fn scan_op<V: NetVisitor>(
@@ -390,7 +451,12 @@ mod tests {
         // Fields cover the buffer exactly.
         let total: usize = layout.fields.iter().map(|(_, r)| r.len()).sum();
         assert_eq!(total, bytes.len());
-        let op0: OperatorDef = crate::proto::decode(&bytes[layout.ops[0].clone()]).unwrap();
+        // The two ops form one run.
+        assert_eq!(
+            layout.fields.iter().filter(|(f, _)| *f == NET_OP).count(),
+            1
+        );
+        let op0: OperatorDef = crate::proto::decode(&bytes[layout.op(0)]).unwrap();
         assert_eq!(op0, sample().op[0]);
     }
 
@@ -400,14 +466,7 @@ mod tests {
         let bytes = encode(&net);
         let layout = scan_net(&bytes, &mut Record::default()).unwrap();
         let mut out = Vec::new();
-        rewrite_op(
-            &bytes,
-            layout.ops[0].clone(),
-            ["a", "b", "c"],
-            ["z"],
-            &mut out,
-        )
-        .unwrap();
+        rewrite_op(&bytes, layout.op(0), ["a", "b", "c"], ["z"], &mut out).unwrap();
         let op: OperatorDef = crate::proto::decode(&out).unwrap();
         let mut expected = net.op[0].clone();
         expected.input = vec!["a".into(), "b".into(), "c".into()];
