@@ -9,6 +9,7 @@ growth factor of the Rust time from one size to the next (10x more ops should co
 """
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,7 +17,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import graph_reference as ref  # noqa: E402
-
 from ferrocaffe import core, graph  # noqa: E402
 from ferrocaffe.proto import caffe2_pb2  # noqa: E402
 
@@ -58,12 +58,27 @@ def build_net(n_ops):
 
 
 def best_of(fn, repeats):
-    best = float("inf")
+    """Best wall time and best CPU time of the process (ms) over `repeats` runs."""
+    best, best_cpu = float("inf"), float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
         best = min(best, time.perf_counter() - t0)
-    return best * 1e3
+        best_cpu = min(best_cpu, time.process_time() - c0)
+    return best * 1e3, best_cpu * 1e3
+
+
+def fresh_memory_ms_per_mb():
+    """What touching newly mapped memory costs here (page faults): large inputs and results
+    pay it for every megabyte, which makes every time grow faster than linearly on machines
+    where it is high."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        b = bytearray(32 << 20)
+        best = min(best, time.perf_counter() - t0)
+        del b
+    return best * 1e3 / 32
 
 
 def cases(net):
@@ -134,35 +149,53 @@ def main():
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
 
+    print("load average %.1f %.1f %.1f on %d CPUs" % (*os.getloadavg(), os.cpu_count()))
+    print("fresh memory costs %.2f ms per MB here" % fresh_memory_ms_per_mb())
     results = {}
+    names = []
     for n in sizes:
         net = build_net(n)
         check_same(net)
-        t0 = time.perf_counter()
         data = net.SerializeToString()
-        ser_ms = (time.perf_counter() - t0) * 1e3
+        ser = best_of(net.SerializeToString, args.repeats)
+        parse = best_of(lambda: type(net)().ParseFromString(data), args.repeats)  # noqa: B023
+        results[("(protobuf serialize)", n)] = ser
+        results[("(protobuf parse)", n)] = parse
+        print("\n%d ops, %.1f MB serialized" % (n, len(data) / 1e6))
         print(
-            "\n%d ops (%.1f MB serialized; SerializeToString alone %.1f ms)"
-            % (n, len(data) / 1e6, ser_ms)
+            "%-24s %9s %9s %11s %8s"
+            % ("function", "rust ms", "(cpu ms)", "python ms", "python/rust")
         )
-        print("%-24s %10s %12s %8s" % ("function", "rust ms", "python ms", "ratio"))
+        print(
+            "%-24s %9.2f %9.2f   (the protobuf runtime, for scale)" % ("(protobuf serialize)", *ser)
+        )
+        print("%-24s %9.2f %9.2f" % ("(protobuf parse)", *parse))
         py_repeats = max(1, min(args.repeats, 200_000 // (n * 2)))
+        names = []
         for name, fast, slow in cases(net):
-            rust_ms = best_of(fast, args.repeats)
-            py_ms = best_of(slow, py_repeats)
-            results[(name, n)] = rust_ms
-            print("%-24s %10.2f %12.2f %7.1fx" % (name, rust_ms, py_ms, py_ms / rust_ms))
+            names.append(name)
+            rust = best_of(fast, args.repeats)
+            py, _ = best_of(slow, py_repeats)
+            results[(name, n)] = rust
+            print("%-24s %9.2f %9.2f %11.2f %7.1fx" % (name, *rust, py, py / rust[0]))
 
     if len(sizes) > 1:
-        print("\ngrowth of the Rust time (ideal for 10x more ops: 10x)")
-        header = "".join("%14s" % ("%d->%d" % (a, b)) for a, b in zip(sizes, sizes[1:]))
-        print("%-24s%s" % ("function", header))
-        for name, _, _ in cases(build_net(sizes[0])):
+        pairs = list(zip(sizes, sizes[1:], strict=False))
+        print(
+            "\ngrowth of the wall (cpu) time from one size to the next (linear: the ratio of sizes)"
+        )
+        print("%-24s%s" % ("function", "".join("%18s" % ("%d->%d" % p) for p in pairs)))
+        for name in ["(protobuf serialize)", "(protobuf parse)", *names]:
             row = "".join(
-                "%13.1fx" % (results[(name, b)] / results[(name, a)])
-                for a, b in zip(sizes, sizes[1:])
+                "%11.1fx (%4.1fx)"
+                % (
+                    results[(name, b)][0] / results[(name, a)][0],
+                    results[(name, b)][1] / max(results[(name, a)][1], 1e-3),
+                )
+                for a, b in pairs
             )
             print("%-24s%s" % (name, row))
+    print("\nload average %.1f %.1f %.1f" % os.getloadavg())
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ use super::ssa::{Ssa, ValueId, Version};
 use super::wire::{self, NetLayout};
 use crate::error::{Error, Result};
 use crate::proto::{self, NetDef, OperatorDef};
+use std::sync::OnceLock;
 
 /// An op and the position of one of its inputs or outputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -300,6 +301,14 @@ fn replace_entry(list: &mut Vec<BlobId>, old: BlobId, new: BlobId) -> bool {
 pub struct Graph<'a> {
     net: Editable<'a>,
     init: Option<Editable<'a>>,
+    /// Built on first use after each edit, so a single edit followed by writing the net out
+    /// computes the SSA form once.
+    index: OnceLock<Index>,
+}
+
+/// The SSA forms of the nets and the producer/consumer maps of the predict net.
+#[derive(Debug, Clone)]
+struct Index {
     ssa: Ssa,
     init_ssa: Option<Ssa>,
     /// Producer slot of each value (the last one if an op lists an output twice).
@@ -307,6 +316,51 @@ pub struct Graph<'a> {
     /// Consumers of each value, CSR: value `v` has `consumers[cons_off[v]..cons_off[v+1]]`.
     cons_off: Vec<u32>,
     consumers: Vec<OpSlot>,
+}
+
+impl Index {
+    fn build(net: &NetIo, init: Option<&NetIo>) -> Self {
+        let init_ssa = init.map(|init| Ssa::compute_unchecked(init, None));
+        let start: Vec<(&str, Version)> = match &init_ssa {
+            Some(s) => s.blob_versions().collect(),
+            None => Vec::new(),
+        };
+        let ssa = Ssa::compute_unchecked(net, Some(&start));
+        let nv = ssa.num_values();
+        let mut producers = vec![None; nv];
+        let mut count = vec![0u32; nv + 1];
+        for op in 0..ssa.len() {
+            for (index, s) in ssa.outputs(op).iter().enumerate() {
+                producers[s.value.index()] = Some(OpSlot { op, index });
+            }
+            for s in ssa.inputs(op) {
+                count[s.value.index() + 1] += 1;
+            }
+        }
+        for i in 0..nv {
+            count[i + 1] += count[i];
+        }
+        let mut fill = count.clone();
+        let mut consumers = vec![OpSlot { op: 0, index: 0 }; count[nv] as usize];
+        for op in 0..ssa.len() {
+            for (index, s) in ssa.inputs(op).iter().enumerate() {
+                let at = &mut fill[s.value.index()];
+                consumers[*at as usize] = OpSlot { op, index };
+                *at += 1;
+            }
+        }
+        Index {
+            ssa,
+            init_ssa,
+            producers,
+            cons_off: count,
+            consumers,
+        }
+    }
+
+    fn value_consumers(&self, v: ValueId) -> &[OpSlot] {
+        &self.consumers[self.cons_off[v.index()] as usize..self.cons_off[v.index() + 1] as usize]
+    }
 }
 
 /// One edited net of a [`Graph`], ready to be written out.
@@ -354,57 +408,24 @@ impl<'a> Graph<'a> {
     }
 
     fn build(net: Editable<'a>, init: Option<Editable<'a>>) -> Self {
-        let mut g = Graph {
+        Graph {
             net,
             init,
-            ssa: Ssa::builder().build(),
-            init_ssa: None,
-            producers: Vec::new(),
-            cons_off: Vec::new(),
-            consumers: Vec::new(),
-        };
-        g.reindex();
-        g
+            index: OnceLock::new(),
+        }
     }
 
-    /// Recomputes the SSA forms and the producer/consumer maps after an edit.
-    fn reindex(&mut self) {
-        self.init_ssa = self
-            .init
-            .as_ref()
-            .map(|init| Ssa::compute_unchecked(&init.io, None));
-        let start: Vec<(&str, Version)> = match &self.init_ssa {
-            Some(s) => s.blob_versions().collect(),
-            None => Vec::new(),
-        };
-        self.ssa = Ssa::compute_unchecked(&self.net.io, Some(&start));
-        let ssa = &self.ssa;
-        let nv = ssa.num_values();
-        let mut producers = vec![None; nv];
-        let mut count = vec![0u32; nv + 1];
-        for op in 0..ssa.len() {
-            for (index, s) in ssa.outputs(op).iter().enumerate() {
-                producers[s.value.index()] = Some(OpSlot { op, index });
-            }
-            for s in ssa.inputs(op) {
-                count[s.value.index() + 1] += 1;
-            }
+    fn ix(&self) -> &Index {
+        self.index
+            .get_or_init(|| Index::build(&self.net.io, self.init.as_ref().map(|e| &e.io)))
+    }
+
+    /// The index, taken out for an edit (the graph is re-indexed on next use).
+    fn take_index(&mut self) -> Index {
+        match self.index.take() {
+            Some(ix) => ix,
+            None => Index::build(&self.net.io, self.init.as_ref().map(|e| &e.io)),
         }
-        for i in 0..nv {
-            count[i + 1] += count[i];
-        }
-        let mut fill = count.clone();
-        let mut consumers = vec![OpSlot { op: 0, index: 0 }; count[nv] as usize];
-        for op in 0..ssa.len() {
-            for (index, s) in ssa.inputs(op).iter().enumerate() {
-                let at = &mut fill[s.value.index()];
-                consumers[*at as usize] = OpSlot { op, index };
-                *at += 1;
-            }
-        }
-        self.producers = producers;
-        self.cons_off = count;
-        self.consumers = consumers;
     }
 
     /// The predict net.
@@ -419,12 +440,12 @@ impl<'a> Graph<'a> {
 
     /// The SSA form of the predict net (versions start from the init net's, if any).
     pub fn ssa(&self) -> &Ssa {
-        &self.ssa
+        &self.ix().ssa
     }
 
     /// Number of ops in the predict net.
     pub fn num_ops(&self) -> usize {
-        self.ssa.len()
+        self.net.io.num_ops()
     }
 
     /// The type of op `op`.
@@ -432,66 +453,67 @@ impl<'a> Graph<'a> {
         self.net.io.op_type(op)
     }
 
-    fn value_consumers(&self, v: ValueId) -> &[OpSlot] {
-        &self.consumers[self.cons_off[v.index()] as usize..self.cons_off[v.index() + 1] as usize]
-    }
-
     /// The op output that produces `(name, version)`, if an op of the net does. (One lookup
     /// scans the values; use [`Graph::producer_map`] for many.)
     pub fn producer(&self, name: &str, version: Version) -> Option<OpSlot> {
-        self.ssa
+        self.ix()
+            .ssa
             .find_value(name, version)
-            .and_then(|v| self.producers[v.index()])
+            .and_then(|v| self.ix().producers[v.index()])
     }
 
     /// The op inputs that read `(name, version)`, in op order. (One lookup scans the values;
     /// use [`Graph::consumer_map`] for many.)
     pub fn consumers(&self, name: &str, version: Version) -> &[OpSlot] {
-        match self.ssa.find_value(name, version) {
-            Some(v) => self.value_consumers(v),
+        match self.ix().ssa.find_value(name, version) {
+            Some(v) => self.ix().value_consumers(v),
             None => &[],
         }
     }
 
     /// Every produced `(name, version)` with its producer, ordered by first production.
     pub fn producer_map(&self) -> Vec<((&str, Version), OpSlot)> {
+        let ssa = &self.ix().ssa;
         self.producer_map_by_value()
             .into_iter()
             .map(|(v, p)| {
-                let (b, ver) = self.ssa.value(v);
-                ((self.ssa.name(b), ver), p)
+                let (b, ver) = ssa.value(v);
+                ((ssa.name(b), ver), p)
             })
             .collect()
     }
 
     /// [`Graph::producer_map`] keyed by value id (resolve with `graph.ssa().value(v)`).
     pub fn producer_map_by_value(&self) -> Vec<(ValueId, OpSlot)> {
-        self.ssa
+        self.ix()
+            .ssa
             .output_producers()
             .into_iter()
-            .filter_map(|(v, _)| self.producers[v.index()].map(|p| (v, p)))
+            .filter_map(|(v, _)| self.ix().producers[v.index()].map(|p| (v, p)))
             .collect()
     }
 
     /// Every read `(name, version)` with its consumers (in op order), ordered by first read.
     pub fn consumer_map(&self) -> Vec<((&str, Version), &[OpSlot])> {
+        let ssa = &self.ix().ssa;
         self.consumer_map_by_value()
             .into_iter()
             .map(|(v, c)| {
-                let (b, ver) = self.ssa.value(v);
-                ((self.ssa.name(b), ver), c)
+                let (b, ver) = ssa.value(v);
+                ((ssa.name(b), ver), c)
             })
             .collect()
     }
 
     /// [`Graph::consumer_map`] keyed by value id (resolve with `graph.ssa().value(v)`).
     pub fn consumer_map_by_value(&self) -> Vec<(ValueId, &[OpSlot])> {
-        let mut seen = vec![false; self.ssa.num_values()];
+        let ssa = &self.ix().ssa;
+        let mut seen = vec![false; ssa.num_values()];
         let mut out = Vec::new();
-        for op in 0..self.ssa.len() {
-            for s in self.ssa.inputs(op) {
+        for op in 0..ssa.len() {
+            for s in ssa.inputs(op) {
                 if !std::mem::replace(&mut seen[s.value.index()], true) {
-                    out.push((s.value, self.value_consumers(s.value)));
+                    out.push((s.value, self.ix().value_consumers(s.value)));
                 }
             }
         }
@@ -501,11 +523,12 @@ impl<'a> Graph<'a> {
     /// The final version of each external output, as Caffe2 export code versions them.
     /// Entries that no op reads or writes are left out.
     pub fn versioned_external_outputs(&self) -> Vec<(&str, Version)> {
+        let ssa = &self.ix().ssa;
         self.external_output_values()
             .into_iter()
             .map(|v| {
-                let (b, ver) = self.ssa.value(v);
-                (self.ssa.name(b), ver)
+                let (b, ver) = ssa.value(v);
+                (ssa.name(b), ver)
             })
             .collect()
     }
@@ -514,7 +537,7 @@ impl<'a> Graph<'a> {
         let mut out = Vec::new();
         for &b in self.net.io.external_outputs() {
             let name = self.net.io.name(b);
-            let version = self.ssa.version(name).unwrap_or(0);
+            let version = self.ix().ssa.version(name).unwrap_or(0);
             if let Some(v) = self.final_value(b, version) {
                 if !out.contains(&v) {
                     out.push(v);
@@ -526,15 +549,16 @@ impl<'a> Graph<'a> {
 
     /// The value of `blob` at `version` (its final version), if any op touches it.
     fn final_value(&self, blob: BlobId, version: Version) -> Option<ValueId> {
+        let ssa = &self.ix().ssa;
         // The final version is written by the last op that outputs the blob, or (if none
         // does) read by some op at its starting version.
-        for op in (0..self.ssa.len()).rev() {
-            if let Some(s) = self.ssa.outputs(op).iter().find(|s| s.blob == blob) {
+        for op in (0..ssa.len()).rev() {
+            if let Some(s) = ssa.outputs(op).iter().find(|s| s.blob == blob) {
                 return Some(s.value);
             }
         }
-        (0..self.ssa.len())
-            .flat_map(|op| self.ssa.inputs(op).iter())
+        (0..ssa.len())
+            .flat_map(|op| ssa.inputs(op).iter())
             .find(|s| s.blob == blob && s.version == version)
             .map(|s| s.value)
     }
@@ -576,16 +600,17 @@ impl<'a> Graph<'a> {
     ) -> Result<()> {
         self.check_op(op)?;
         Self::check_name(new_name)?;
-        let Some(&slot) = self.ssa.inputs(op).get(input) else {
+        let ix = self.ix();
+        let Some(&slot) = ix.ssa.inputs(op).get(input) else {
             return Err(Error::InvalidArgument(format!(
                 "op #{op} ({}) has {} inputs; there is no input {input}",
                 self.op_type(op),
-                self.ssa.inputs(op).len()
+                ix.ssa.inputs(op).len()
             )));
         };
-        let old_name = self.ssa.name(slot.blob).to_string();
+        let old_name = ix.ssa.name(slot.blob).to_string();
         if !at_producer {
-            let mut others: Vec<usize> = self
+            let mut others: Vec<usize> = ix
                 .value_consumers(slot.value)
                 .iter()
                 .map(|c| c.op)
@@ -609,21 +634,22 @@ impl<'a> Graph<'a> {
         if old_name == new_name {
             return Ok(());
         }
-        let start = self
+        let ix = self.take_index();
+        let start = ix
             .init_ssa
             .as_ref()
             .and_then(|s| s.version(&old_name))
             .unwrap_or(0);
-        let end = self.ssa.version(&old_name).unwrap_or(0);
+        let end = ix.ssa.version(&old_name).unwrap_or(0);
         if slot.version == start {
-            if let (Some(init), Some(init_ssa)) = (self.init.as_mut(), self.init_ssa.as_ref()) {
+            if let (Some(init), Some(init_ssa)) = (self.init.as_mut(), ix.init_ssa.as_ref()) {
                 let iv = init_ssa.find_value(&old_name, slot.version);
                 let init_end = init_ssa.version(&old_name).unwrap_or(0);
                 init.rename_version(init_ssa, &old_name, slot.version, iv, new_name, 0, init_end);
             }
         }
         self.net.rename_version(
-            &self.ssa,
+            &ix.ssa,
             &old_name,
             slot.version,
             Some(slot.value),
@@ -631,7 +657,6 @@ impl<'a> Graph<'a> {
             start,
             end,
         );
-        self.reindex();
         Ok(())
     }
 
@@ -640,20 +665,22 @@ impl<'a> Graph<'a> {
     pub fn rename_op_output(&mut self, op: usize, output: usize, new_name: &str) -> Result<()> {
         self.check_op(op)?;
         Self::check_name(new_name)?;
-        let Some(&slot) = self.ssa.outputs(op).get(output) else {
+        let ix = self.ix();
+        let Some(&slot) = ix.ssa.outputs(op).get(output) else {
             return Err(Error::InvalidArgument(format!(
                 "op #{op} ({}) has {} outputs; there is no output {output}",
                 self.op_type(op),
-                self.ssa.outputs(op).len()
+                ix.ssa.outputs(op).len()
             )));
         };
-        let old_name = self.ssa.name(slot.blob);
-        if old_name == new_name {
+        if ix.ssa.name(slot.blob) == new_name {
             return Ok(());
         }
-        let end = self.ssa.version(old_name).unwrap_or(0);
+        let ix = self.take_index();
+        let old_name = ix.ssa.name(slot.blob);
+        let end = ix.ssa.version(old_name).unwrap_or(0);
         self.net.rename_version(
-            &self.ssa,
+            &ix.ssa,
             old_name,
             slot.version,
             Some(slot.value),
@@ -661,7 +688,6 @@ impl<'a> Graph<'a> {
             Version::MIN,
             end,
         );
-        self.reindex();
         Ok(())
     }
 
@@ -672,8 +698,8 @@ impl<'a> Graph<'a> {
             self.check_op(op)?;
             keep[op] = false;
         }
+        self.index.take();
         self.net.retain_ops(&keep);
-        self.reindex();
         Ok(())
     }
 
@@ -682,23 +708,24 @@ impl<'a> Graph<'a> {
     /// outputs are removed too; a net without external outputs loses every op.
     pub fn remove_dead_end_ops(&mut self) -> Vec<usize> {
         let n = self.num_ops();
-        let mut live = vec![false; self.ssa.num_values()];
+        let ix = self.ix();
+        let mut live = vec![false; ix.ssa.num_values()];
         for v in self.external_output_values() {
             live[v.index()] = true;
         }
         let mut keep = vec![false; n];
         for op in (0..n).rev() {
-            if self.ssa.outputs(op).iter().any(|s| live[s.value.index()]) {
+            if ix.ssa.outputs(op).iter().any(|s| live[s.value.index()]) {
                 keep[op] = true;
-                for s in self.ssa.inputs(op) {
+                for s in ix.ssa.inputs(op) {
                     live[s.value.index()] = true;
                 }
             }
         }
         let removed: Vec<usize> = (0..n).filter(|&i| !keep[i]).collect();
         if !removed.is_empty() {
+            self.index.take();
             self.net.retain_ops(&keep);
-            self.reindex();
         }
         removed
     }
@@ -706,6 +733,7 @@ impl<'a> Graph<'a> {
     /// The external inputs and outputs of the sub-graph made of `ops` (in the order given;
     /// repeated indices count once).
     pub fn sub_graph_io(&self, ops: &[usize]) -> Result<SubGraphIo> {
+        let ssa = &self.ix().ssa;
         let mut inside = vec![false; self.num_ops()];
         let mut order = Vec::with_capacity(ops.len());
         for &op in ops {
@@ -714,10 +742,10 @@ impl<'a> Graph<'a> {
                 order.push(op);
             }
         }
-        let nv = self.ssa.num_values();
+        let nv = ssa.num_values();
         let mut produced = vec![false; nv];
         for &op in &order {
-            for s in self.ssa.outputs(op) {
+            for s in ssa.outputs(op) {
                 produced[s.value.index()] = true;
             }
         }
@@ -726,13 +754,13 @@ impl<'a> Graph<'a> {
             external[v.index()] = true;
         }
         let named = |v: ValueId| {
-            let (b, ver) = self.ssa.value(v);
-            (self.ssa.name(b).to_string(), ver)
+            let (b, ver) = ssa.value(v);
+            (ssa.name(b).to_string(), ver)
         };
         let mut seen = vec![false; nv];
         let mut io = SubGraphIo::default();
         for &op in &order {
-            for s in self.ssa.inputs(op) {
+            for s in ssa.inputs(op) {
                 let v = s.value.index();
                 if !produced[v] && !std::mem::replace(&mut seen[v], true) {
                     io.inputs.push(named(s.value));
@@ -740,12 +768,16 @@ impl<'a> Graph<'a> {
             }
         }
         for &op in &order {
-            for s in self.ssa.outputs(op) {
+            for s in ssa.outputs(op) {
                 let v = s.value.index();
                 if seen[v] {
                     continue;
                 }
-                let read_outside = self.value_consumers(s.value).iter().any(|c| !inside[c.op]);
+                let read_outside = self
+                    .ix()
+                    .value_consumers(s.value)
+                    .iter()
+                    .any(|c| !inside[c.op]);
                 if external[v] || read_outside {
                     seen[v] = true;
                     io.outputs.push(named(s.value));
@@ -775,12 +807,13 @@ impl<'a> Graph<'a> {
     /// assert_eq!(g.find_chains("Relu", 1), vec![vec![0, 1, 2], vec![4]]);
     /// ```
     pub fn find_chains(&self, op_type: &str, min_length: usize) -> Vec<Vec<usize>> {
+        let ssa = &self.ix().ssa;
         let Some(t) = self.net.io.type_id(op_type) else {
             return Vec::new();
         };
         let n = self.num_ops();
         let is_t: Vec<bool> = (0..n).map(|op| self.net.io.op_type_id(op) == t).collect();
-        let mut external = vec![false; self.ssa.num_values()];
+        let mut external = vec![false; ssa.num_values()];
         for v in self.external_output_values() {
             external[v.index()] = true;
         }
@@ -790,12 +823,12 @@ impl<'a> Graph<'a> {
         for a in (0..n).filter(|&a| is_t[a]) {
             let mut succ = NO;
             let mut ok = true;
-            for s in self.ssa.outputs(a) {
+            for s in ssa.outputs(a) {
                 if external[s.value.index()] {
                     ok = false;
                     break;
                 }
-                for c in self.value_consumers(s.value) {
+                for c in self.ix().value_consumers(s.value) {
                     if succ == NO {
                         succ = c.op;
                     } else if succ != c.op {
