@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 mod errors;
+mod graph;
 
 use errors::IntoPy;
 
@@ -43,5 +44,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(roundtrip, m)?)?;
     m.add_function(wrap_pyfunction!(message_names, m)?)?;
     errors::register(m)?;
+    graph::register(m)?;
     Ok(())
 }
