@@ -24,7 +24,12 @@ fn models() -> Vec<(String, Vec<u8>, Vec<u8>)> {
         out.push((path.display().to_string(), predict, init));
     }
     out.sort();
-    assert_eq!(out.len(), 3, "expected the three deployed models in {}", dir.display());
+    assert_eq!(
+        out.len(),
+        3,
+        "expected the three deployed models in {}",
+        dir.display()
+    );
     out
 }
 
@@ -71,29 +76,34 @@ fn renaming_a_weight_updates_both_nets() {
         // The first op reading a blob the init net fills.
         let i: NetDef = proto::decode(&init).unwrap();
         let filled = Ssa::of(&i);
-        let (op, input, weight) = p
-            .op
-            .iter()
-            .enumerate()
-            .find_map(|(k, op)| {
-                op.input
-                    .iter()
-                    .position(|b| b != "data" && filled.version(b).is_some())
-                    .map(|j| (k, j, op.input[j].clone()))
-            })
-            .unwrap();
+        let (op, input, weight) =
+            p.op.iter()
+                .enumerate()
+                .find_map(|(k, op)| {
+                    op.input
+                        .iter()
+                        .position(|b| b != "data" && filled.version(b).is_some())
+                        .map(|j| (k, j, op.input[j].clone()))
+                })
+                .unwrap();
         let mut g = Graph::from_bytes(&predict)
             .unwrap()
             .with_init_net_bytes(&init)
             .unwrap();
-        g.rename_op_input(op, input, "renamed_weight", false).unwrap();
+        g.rename_op_input(op, input, "renamed_weight", false)
+            .unwrap();
         let p2 = g.net().to_net_def().unwrap();
         let i2 = g.init_net().unwrap().to_net_def().unwrap();
         assert_eq!(p2.op[op].input[input], "renamed_weight", "{name}");
-        assert!(p2.external_input.iter().any(|b| b == "renamed_weight"), "{name}");
+        assert!(
+            p2.external_input.iter().any(|b| b == "renamed_weight"),
+            "{name}"
+        );
         assert!(!p2.external_input.contains(&weight), "{name}");
         assert!(
-            i2.op.iter().any(|o| o.output.iter().any(|b| b == "renamed_weight")),
+            i2.op
+                .iter()
+                .any(|o| o.output.iter().any(|b| b == "renamed_weight")),
             "{name}: init net must fill the renamed blob"
         );
         assert!(!i2.op.iter().any(|o| o.output.contains(&weight)), "{name}");
