@@ -23,3 +23,46 @@ def roundtrip(kind: str, data: bytes) -> bytes:
 
 def message_names() -> list[str]:
     """Full names of every message in caffe2.proto, in schema order."""
+
+class IllegalGraphTransformError(ValueError):
+    """A graph edit that would change what other ops read (see ``ferrocaffe.graph``)."""
+
+# --- SSA (``ferrocaffe.core.ssa`` wraps these) ---------------------------------------------
+Versioned = tuple[str, int]
+SsaOp = tuple[list[Versioned], list[Versioned]]
+
+def ssa_get_ssa(
+    net: bytes, start: list[Versioned] | None = None
+) -> tuple[list[SsaOp], dict[str, int]]:
+    """``core.get_ssa`` on a serialized NetDef; ``start`` holds the starting blob versions."""
+
+def ssa_get_undefined_blobs(ssa: list[SsaOp]) -> set[str]:
+    """Blobs read before any op of ``ssa`` writes them."""
+
+def ssa_get_output_producers(ssa: list[SsaOp]) -> dict[Versioned, int]:
+    """``{(blob, version): index of the op that produced it}``."""
+
+def ssa_get_op_ids_in_path(
+    ssa: list[SsaOp], inputs: list[Versioned], outputs: list[Versioned]
+) -> list[int]:
+    """Indices of the ops on a path from ``inputs`` to ``outputs``, sorted."""
+
+# --- Graph surgery (``ferrocaffe.graph`` wraps these; nets cross as NetDef bytes) -----------
+def graph_producer_map(net: bytes) -> dict[Versioned, tuple[int, int]]: ...
+def graph_consumer_map(net: bytes) -> dict[Versioned, list[tuple[int, int]]]: ...
+def graph_rename_op_input(
+    net: bytes,
+    init_net: bytes | None,
+    op: int,
+    input: int,
+    new_name: str,
+    at_producer: bool,
+) -> tuple[bytes, bytes | None]: ...
+def graph_rename_op_output(net: bytes, op: int, output: int, new_name: str) -> bytes: ...
+def graph_remove_dead_end_ops(net: bytes) -> tuple[bytes, list[int]]: ...
+def graph_remove_ops(net: bytes, ops: list[int]) -> bytes: ...
+def graph_sub_graph_io(
+    net: bytes, ops: list[int]
+) -> tuple[list[Versioned], list[Versioned]]: ...
+def graph_find_chains(net: bytes, op_type: str, min_length: int) -> list[list[int]]: ...
+def graph_versioned_external_outputs(net: bytes) -> list[Versioned]: ...
