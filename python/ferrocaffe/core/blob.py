@@ -1,3 +1,8 @@
-"""core.blob (to be written)."""
+"""core.blob (to be written; only ``GradientSlice`` so far)."""
 
-__all__: list[str] = []
+from collections import namedtuple
+
+__all__ = ["GradientSlice"]
+
+# A sparse gradient: the blob of row indices and the blob of the matching values.
+GradientSlice = namedtuple("GradientSlice", ["indices", "values"])

@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+mod autodiff;
 mod errors;
 
 /// The encoded `FileDescriptorSet` of caffe2.proto (used to build `caffe2_pb2`).
@@ -24,5 +25,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(file_descriptor_set, m)?)?;
     m.add_function(wrap_pyfunction!(registered_operators, m)?)?;
     errors::register(m)?;
+    autodiff::register(m)?;
     Ok(())
 }
