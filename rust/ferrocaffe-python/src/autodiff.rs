@@ -152,18 +152,17 @@ fn setup(
 }
 
 fn decode_ops(ops: &[PyBackedBytes]) -> ferrocaffe::Result<Vec<OperatorDef>> {
-    ops.iter()
-        .enumerate()
-        .map(|(k, b)| {
-            proto::decode::<OperatorDef>(b).map_err(|e| match e {
-                ferrocaffe::Error::Decode { message, reason } => ferrocaffe::Error::Decode {
-                    message,
-                    reason: format!("operator {k} of the list: {reason}"),
-                },
-                other => other,
-            })
-        })
-        .collect()
+    let mut out = Vec::with_capacity(ops.len());
+    for (k, b) in ops.iter().enumerate() {
+        out.push(proto::decode::<OperatorDef>(b).map_err(|e| match e {
+            ferrocaffe::Error::Decode { message, reason } => ferrocaffe::Error::Decode {
+                message,
+                reason: format!("operator {k} of the list: {reason}"),
+            },
+            other => other,
+        })?);
+    }
+    Ok(out)
 }
 
 fn net_bytes(ops: Vec<OperatorDef>) -> Vec<u8> {
@@ -276,10 +275,10 @@ fn backward_pass<'py>(
         Ok((net_bytes(grad_ops), grad_map.into_entries(), state))
     });
     let (bytes, grad_map, state) = result.py()?;
-    let entries = grad_map
-        .iter()
-        .map(|(b, g)| (b, grad_to_py(py, g)?).into_pyobject(py))
-        .collect::<PyResult<Vec<_>>>()?;
+    let mut entries = Vec::with_capacity(grad_map.len());
+    for (b, g) in &grad_map {
+        entries.push((b, grad_to_py(py, g)?).into_pyobject(py)?);
+    }
     let state = match state {
         Some(st) => state_to_py(py, st)?,
         None => py.None().into_bound(py),
