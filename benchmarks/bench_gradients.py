@@ -2,11 +2,13 @@
 shape of the golden 4,001-op case) and ladders (every rung adds its input back with a ``Sum``,
 so every rung needs a gradient accumulation), at about 1k, 4k, 20k and 100k operators.
 
-Prints, per net: the best time of ``GradientRegistry.GetBackwardPass`` (and of
-``Net.AddGradientOperators`` when ``core.Net`` has it), the time per 1,000 ops, the growth
-against the previous size (1.0 = linear), and the ratio to a reference measured in the same
-run: serializing the forward ops and parsing the same number of ops back (the protobuf I/O the
-call cannot avoid).
+Prints, per net: the best time of ``GradientRegistry.GetBackwardPass(ops, ["loss"])``, the
+time per 1,000 ops, the growth against the previous size (1.0 = linear), the ratio to a
+reference measured in the same run (serializing the forward ops one by one and parsing as many
+ops back: the per-op protobuf I/O of that list-in, list-out API), then the time of
+``gradients.add_gradient_operators(net_proto, ["loss"])`` (the net crosses as one message, as
+``Net.AddGradientOperators`` can use it) and of ``core.Net.AddGradientOperators`` when
+``core.Net`` has it.
 
     maturin develop --release -q && python benchmarks/bench_gradients.py [--repeat N] [--max-ops N]
 """
@@ -15,6 +17,7 @@ import argparse
 import time
 
 from ferrocaffe import core
+from ferrocaffe.core.gradients import add_gradient_operators
 from ferrocaffe.proto import caffe2_pb2
 
 TARGETS_MS = {4001: 3.0, 100001: 100.0}
@@ -68,7 +71,25 @@ def reference(ops, repeat):
     return best(io, repeat)
 
 
-def add_gradient_operators(ops):
+def proto_path(ops):
+    proto = caffe2_pb2.NetDef(name="bench")
+    proto.op.extend(ops)
+
+    def run():
+        net = caffe2_pb2.NetDef()
+        net.CopyFrom(proto)
+        t0 = time.perf_counter()
+        add_gradient_operators(net, ["loss"])
+        return time.perf_counter() - t0
+
+    return run
+
+
+def best_inner(fn, repeat):
+    return min(fn() for _ in range(repeat)) * 1e3
+
+
+def net_path(ops):
     net_cls = getattr(core, "Net", None)
     if net_cls is None or not hasattr(net_cls, "AddGradientOperators"):
         return None
@@ -92,10 +113,10 @@ def main(argv=None):
     builders = {"chain": chain, "ladder": ladder}
     print(
         f"{'net':>7} {'ops':>7} {'GetBackwardPass':>16} {'per 1k ops':>11} {'growth':>7} "
-        f"{'vs proto I/O':>12} {'AddGradientOperators':>21}"
+        f"{'vs proto I/O':>12} {'NetDef path':>12} {'growth':>7} {'Net.AddGradientOperators':>25}"
     )
     for kind, ns in sizes.items():
-        prev = None
+        prev = prev_net = None
         for n in ns:
             ops = builders[kind](n)
             if len(ops) > args.max_ops:
@@ -103,18 +124,22 @@ def main(argv=None):
             repeat = args.repeat if len(ops) <= 20001 else max(2, args.repeat // 2)
             ms = best(lambda ops=ops: core.GradientRegistry.GetBackwardPass(ops, ["loss"]), repeat)
             ref = reference(ops, repeat)
-            growth = ""
+            net_ms = best_inner(proto_path(ops), repeat)
+            growth = net_growth = ""
             if prev is not None:
                 growth = f"{(ms / prev[1]) / (len(ops) / prev[0]):.2f}"
-            agg = add_gradient_operators(ops)
+                net_growth = f"{(net_ms / prev_net[1]) / (len(ops) / prev_net[0]):.2f}"
+            agg = net_path(ops)
             agg_ms = f"{best(agg, repeat):.1f} ms" if agg else "(no core.Net)"
             target = TARGETS_MS.get(len(ops))
             note = f"  target <= {target:g} ms" if target else ""
             print(
                 f"{kind:>7} {len(ops):>7} {ms:>13.2f} ms {ms / len(ops) * 1e3:>8.3f} ms "
-                f"{growth:>7} {ms / ref:>11.1f}x {agg_ms:>21}{note}"
+                f"{growth:>7} {ms / ref:>11.1f}x {net_ms:>9.2f} ms {net_growth:>7} "
+                f"{agg_ms:>25}{note}"
             )
             prev = (len(ops), ms)
+            prev_net = (len(ops), net_ms)
 
 
 if __name__ == "__main__":

@@ -207,3 +207,22 @@ def test_get_index_from_gradient_list():
     assert core.GetIndexFromGradientList(gl, "v") == 1
     assert core.GetIndexFromGradientList(gl, "d") == 2
     assert core.GetIndexFromGradientList(gl, "z") is None
+
+
+def test_add_gradient_operators_appends_to_the_net():
+    from ferrocaffe.core.gradients import add_gradient_operators
+
+    ops = [
+        op("Relu", ["x"], ["h"]),
+        op("FC", ["h", "W", "b"], ["y"]),
+        op("SumElements", ["y"], ["loss"]),
+    ]
+    expected_ops, expected_map = core.GradientRegistry.GetBackwardPass(ops[1:], ["loss"])
+    net = caffe2_pb2.NetDef(name="n")
+    net.op.extend(ops)
+    grads = add_gradient_operators(net, ["loss"], skip=1)
+    assert net.name == "n"
+    assert list(net.op[:3]) == ops
+    assert list(net.op[3:]) == list(expected_ops)
+    assert grads == expected_map
+    assert "x" not in grads and grads["h"] == "h_grad"

@@ -141,16 +141,6 @@ def _grad_from_native(g):
     return g
 
 
-def _ref(name):
-    return name if _BlobReference is None else _BlobReference(name)
-
-
-def _map_value(g):
-    if isinstance(g, tuple):
-        return GradientSlice(_ref(g[0]), _ref(g[1]))
-    return _ref(g)
-
-
 def _ops_from_net(net_bytes):
     return caffe2_pb2.NetDef.FromString(net_bytes).op[:]
 
@@ -245,19 +235,36 @@ def _no_gc():
             gc.enable()
 
 
-def _backward(operators, ys, with_state, functions=None):
+def _ys_items(ys):
     if isinstance(ys, list):
-        items = [(_name(y), None) for y in ys]
-    elif isinstance(ys, dict):
-        items = [(_name(y), _ys_grad(g)) for y, g in ys.items()]
-    else:
-        raise TypeError("ys should either be a list or a dict.")
+        return [(_name(y), None) for y in ys]
+    if isinstance(ys, dict):
+        return [(_name(y), _ys_grad(g)) for y, g in ys.items()]
+    raise TypeError("ys should either be a list or a dict.")
+
+
+def _wrap_map(grads):
+    """The gradient map as Caffe2 returned it: BlobReferences (once core.blob has them)."""
+    if _BlobReference is None:
+        return grads
+    return {
+        _BlobReference(k): (
+            GradientSlice(_BlobReference(v.indices), _BlobReference(v.values))
+            if isinstance(v, GradientSlice)
+            else _BlobReference(v)
+        )
+        for k, v in grads.items()
+    }
+
+
+def _backward(operators, ys, with_state, functions=None):
+    items = _ys_items(ys)
     ns, dev = _scopes()
     if functions is None:
         functions = GradientRegistry._functions()
     with _no_gc():
         ops_bytes = [op.SerializeToString() for op in operators]
-        net_bytes, grad_map, state = _native.backward_pass(
+        net_bytes, grads, state = _native.backward_pass(
             ops_bytes,
             items,
             functions,
@@ -266,15 +273,35 @@ def _backward(operators, ys, with_state, functions=None):
             ns,
             dev,
             with_state,
+            GradientSlice,
         )
         grad_ops = _ops_from_net(net_bytes)
-        if _BlobReference is None:
-            grads = {
-                k: (GradientSlice(v[0], v[1]) if isinstance(v, tuple) else v) for k, v in grad_map
-            }
-        else:
-            grads = {_BlobReference(k): _map_value(v) for k, v in grad_map}
+        grads = _wrap_map(grads)
     return grad_ops, grads, state
+
+
+def add_gradient_operators(net_proto, ys, skip=0):
+    """Appends the gradient ops of ``net_proto.op[skip:]`` to the NetDef ``net_proto`` and
+    returns the gradient map: what ``core.Net.AddGradientOperators(ys, skip)`` does, without
+    creating a Python object per operator (the net crosses to Rust and back as one message).
+    """
+    items = _ys_items(ys)
+    ns, dev = _scopes()
+    with _no_gc():
+        grad_net, grads = _native.backward_pass_net(
+            net_proto.SerializeToString(),
+            skip,
+            items,
+            GradientRegistry._functions(),
+            _call_gradient_function,
+            _next_net_name,
+            ns,
+            dev,
+            GradientSlice,
+        )
+        net_proto.MergeFromString(grad_net)
+        grads = _wrap_map(grads)
+    return grads
 
 
 def _gradient_for_op(op, g_output, functions):

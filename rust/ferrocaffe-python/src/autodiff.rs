@@ -13,7 +13,7 @@ use ferrocaffe::proto::{self, DeviceOption, NetDef, OperatorDef};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 use crate::errors::IntoPy;
 
@@ -233,11 +233,80 @@ fn state_to_py<'py>(py: Python<'py>, s: IrState) -> PyResult<Bound<'py, PyAny>> 
 
 type BackwardResult = (Vec<u8>, Vec<(String, GradRef)>, Option<IrState>);
 
+/// Where the forward ops come from: one serialized OperatorDef each, or a serialized NetDef
+/// whose ops from `skip` on are used.
+enum Forward {
+    Ops(Vec<PyBackedBytes>),
+    Net(PyBackedBytes, usize),
+}
+
+impl Forward {
+    fn decode(&self) -> ferrocaffe::Result<Vec<OperatorDef>> {
+        match self {
+            Forward::Ops(ops) => decode_ops(ops),
+            Forward::Net(bytes, skip) => {
+                let mut net = proto::decode::<NetDef>(bytes)?;
+                let skip = (*skip).min(net.op.len());
+                net.op.drain(..skip);
+                Ok(net.op)
+            }
+        }
+    }
+}
+
+/// Runs a backward pass with the GIL released.
+fn run_backward(
+    py: Python<'_>,
+    forward: Forward,
+    ys: Vec<(String, GradRef)>,
+    mut s: Setup,
+    with_state: bool,
+) -> PyResult<BackwardResult> {
+    let result: ferrocaffe::Result<BackwardResult> = py.detach(|| {
+        let ops = forward.decode()?;
+        let mut cx = GradientContext {
+            registry: &s.registry,
+            net_names: s.names.as_mut(),
+            options: &s.options,
+        };
+        let mut ir = Ir::new(&ops)?;
+        let (grad_ops, grad_map) = ir.backward(&ys, &mut cx)?;
+        let state = with_state.then(|| ir.state());
+        Ok((net_bytes(grad_ops), grad_map.into_entries(), state))
+    });
+    result.py()
+}
+
+fn ys_from_py(ys: &[(String, Bound<'_, PyAny>)]) -> PyResult<Vec<(String, GradRef)>> {
+    ys.iter()
+        .map(|(y, g)| Ok((y.clone(), grad_from_py(g)?)))
+        .collect()
+}
+
+/// The gradient map as a dict: names, and `slice_type(indices, values)` for sparse gradients
+/// (`(indices, values)` tuples without `slice_type`).
+fn grad_map_to_py<'py>(
+    py: Python<'py>,
+    grad_map: &[(String, GradRef)],
+    slice_type: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (b, g) in grad_map {
+        match (g, slice_type) {
+            (GradRef::Sparse { indices, values }, Some(t)) => {
+                d.set_item(b, t.call1((indices, values))?)?
+            }
+            _ => d.set_item(b, grad_to_py(py, g)?)?,
+        }
+    }
+    Ok(d)
+}
+
 /// The backward pass of serialized forward ops: `(serialized NetDef of the gradient ops,
-/// [(blob, gradient)], IR state or None)`.
+/// {blob: gradient}, IR state or None)`.
 #[pyfunction]
 #[pyo3(signature = (ops, ys, functions, adapter, next_net_name=None, name_scope=String::new(),
-                    device_scope=None, with_state=false))]
+                    device_scope=None, with_state=false, slice_type=None))]
 #[allow(clippy::too_many_arguments)]
 fn backward_pass<'py>(
     py: Python<'py>,
@@ -249,12 +318,10 @@ fn backward_pass<'py>(
     name_scope: String,
     device_scope: Option<PyBackedBytes>,
     with_state: bool,
-) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyList>, Bound<'py, PyAny>)> {
-    let ys = ys
-        .iter()
-        .map(|(y, g)| Ok((y.clone(), grad_from_py(g)?)))
-        .collect::<PyResult<Vec<_>>>()?;
-    let mut s = setup(
+    slice_type: Option<Bound<'py, PyAny>>,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>, Bound<'py, PyAny>)> {
+    let ys = ys_from_py(&ys)?;
+    let s = setup(
         py,
         functions,
         adapter,
@@ -262,28 +329,50 @@ fn backward_pass<'py>(
         name_scope,
         device_scope,
     )?;
-    let result: ferrocaffe::Result<BackwardResult> = py.detach(|| {
-        let ops = decode_ops(&ops)?;
-        let mut cx = GradientContext {
-            registry: &s.registry,
-            net_names: s.names.as_mut(),
-            options: &s.options,
-        };
-        let mut ir = Ir::new(&ops)?;
-        let (grad_ops, grad_map) = ir.backward(&ys, &mut cx)?;
-        let state = with_state.then(|| ir.state());
-        Ok((net_bytes(grad_ops), grad_map.into_entries(), state))
-    });
-    let (bytes, grad_map, state) = result.py()?;
-    let mut entries = Vec::with_capacity(grad_map.len());
-    for (b, g) in &grad_map {
-        entries.push((b, grad_to_py(py, g)?).into_pyobject(py)?);
-    }
+    let (bytes, grad_map, state) = run_backward(py, Forward::Ops(ops), ys, s, with_state)?;
     let state = match state {
         Some(st) => state_to_py(py, st)?,
         None => py.None().into_bound(py),
     };
-    Ok((PyBytes::new(py, &bytes), PyList::new(py, entries)?, state))
+    Ok((
+        PyBytes::new(py, &bytes),
+        grad_map_to_py(py, &grad_map, slice_type.as_ref())?,
+        state,
+    ))
+}
+
+/// The backward pass of the ops of a serialized NetDef from `skip` on: `(serialized NetDef
+/// holding only the gradient ops, {blob: gradient})`.
+#[pyfunction]
+#[pyo3(signature = (net, skip, ys, functions, adapter, next_net_name=None,
+                    name_scope=String::new(), device_scope=None, slice_type=None))]
+#[allow(clippy::too_many_arguments)]
+fn backward_pass_net<'py>(
+    py: Python<'py>,
+    net: PyBackedBytes,
+    skip: usize,
+    ys: Vec<(String, Bound<'py, PyAny>)>,
+    functions: Vec<(String, Py<PyAny>)>,
+    adapter: Py<PyAny>,
+    next_net_name: Option<Py<PyAny>>,
+    name_scope: String,
+    device_scope: Option<PyBackedBytes>,
+    slice_type: Option<Bound<'py, PyAny>>,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>)> {
+    let ys = ys_from_py(&ys)?;
+    let s = setup(
+        py,
+        functions,
+        adapter,
+        next_net_name,
+        name_scope,
+        device_scope,
+    )?;
+    let (bytes, grad_map, _) = run_backward(py, Forward::Net(net, skip), ys, s, false)?;
+    Ok((
+        PyBytes::new(py, &bytes),
+        grad_map_to_py(py, &grad_map, slice_type.as_ref())?,
+    ))
 }
 
 /// The gradient of one serialized operator: `(serialized NetDef of the gradient ops, input
@@ -351,6 +440,7 @@ fn ir_state<'py>(
 /// Adds the autodiff functions to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(backward_pass, m)?)?;
+    m.add_function(wrap_pyfunction!(backward_pass_net, m)?)?;
     m.add_function(wrap_pyfunction!(gradient_for_op, m)?)?;
     m.add_function(wrap_pyfunction!(ir_state, m)?)?;
     Ok(())
