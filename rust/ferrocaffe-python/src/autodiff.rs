@@ -120,13 +120,22 @@ struct Setup {
 fn setup(
     py: Python<'_>,
     functions: Vec<(String, Py<PyAny>)>,
-    adapter: Py<PyAny>,
+    adapter: Option<Py<PyAny>>,
     next_net_name: Option<Py<PyAny>>,
     name_scope: String,
     device_scope: Option<PyBackedBytes>,
 ) -> PyResult<Setup> {
     let mut registry = Registry::layered(Registry::builtin());
+    if !functions.is_empty() && adapter.is_none() {
+        return Err(PyTypeError::new_err(
+            "gradient functions need an adapter: adapter(func, op_bytes, g_output) -> \
+             (list of serialized gradient ops, input gradients)",
+        ));
+    }
     for (op_type, func) in functions {
+        let Some(adapter) = adapter.as_ref() else {
+            break;
+        };
         let f = PyGradientFunction {
             op_type: op_type.clone(),
             func,
@@ -305,15 +314,16 @@ fn grad_map_to_py<'py>(
 /// The backward pass of serialized forward ops: `(serialized NetDef of the gradient ops,
 /// {blob: gradient}, IR state or None)`.
 #[pyfunction]
-#[pyo3(signature = (ops, ys, functions, adapter, next_net_name=None, name_scope=String::new(),
-                    device_scope=None, with_state=false, slice_type=None))]
+#[pyo3(signature = (ops, ys, functions=Vec::new(), adapter=None, next_net_name=None,
+                    name_scope=String::new(), device_scope=None, with_state=false,
+                    slice_type=None))]
 #[allow(clippy::too_many_arguments)]
 fn backward_pass<'py>(
     py: Python<'py>,
     ops: Vec<PyBackedBytes>,
     ys: Vec<(String, Bound<'py, PyAny>)>,
     functions: Vec<(String, Py<PyAny>)>,
-    adapter: Py<PyAny>,
+    adapter: Option<Py<PyAny>>,
     next_net_name: Option<Py<PyAny>>,
     name_scope: String,
     device_scope: Option<PyBackedBytes>,
@@ -344,7 +354,7 @@ fn backward_pass<'py>(
 /// The backward pass of the ops of a serialized NetDef from `skip` on: `(serialized NetDef
 /// holding only the gradient ops, {blob: gradient})`.
 #[pyfunction]
-#[pyo3(signature = (net, skip, ys, functions, adapter, next_net_name=None,
+#[pyo3(signature = (net, skip, ys, functions=Vec::new(), adapter=None, next_net_name=None,
                     name_scope=String::new(), device_scope=None, slice_type=None))]
 #[allow(clippy::too_many_arguments)]
 fn backward_pass_net<'py>(
@@ -353,7 +363,7 @@ fn backward_pass_net<'py>(
     skip: usize,
     ys: Vec<(String, Bound<'py, PyAny>)>,
     functions: Vec<(String, Py<PyAny>)>,
-    adapter: Py<PyAny>,
+    adapter: Option<Py<PyAny>>,
     next_net_name: Option<Py<PyAny>>,
     name_scope: String,
     device_scope: Option<PyBackedBytes>,
@@ -378,7 +388,7 @@ fn backward_pass_net<'py>(
 /// The gradient of one serialized operator: `(serialized NetDef of the gradient ops, input
 /// gradients)`.
 #[pyfunction]
-#[pyo3(signature = (op, g_output, functions, adapter, next_net_name=None,
+#[pyo3(signature = (op, g_output, functions=Vec::new(), adapter=None, next_net_name=None,
                     name_scope=String::new(), device_scope=None))]
 #[allow(clippy::too_many_arguments)]
 fn gradient_for_op<'py>(
@@ -386,7 +396,7 @@ fn gradient_for_op<'py>(
     op: PyBackedBytes,
     g_output: Vec<Bound<'py, PyAny>>,
     functions: Vec<(String, Py<PyAny>)>,
-    adapter: Py<PyAny>,
+    adapter: Option<Py<PyAny>>,
     next_net_name: Option<Py<PyAny>>,
     name_scope: String,
     device_scope: Option<PyBackedBytes>,
