@@ -595,28 +595,29 @@ impl<'a> Ir<'a> {
             }
             return Ok(());
         }
-        if let Some(id) = self.names.get(s) {
+        let op = &self.ops[k];
+        let out_hit = self.find_blob(s, &op.output, self.outs_of(k), outs);
+        if let Some((id, over)) = out_hit {
             let cur = self.frontier_of(id);
-            if let Some(over) = outs.get(id) {
-                if cur != over {
-                    return Err(Error::Runtime(format!(
-                        "Gradient operator needs output \"{s}\" at version {over}, but \
-                         currently we have version {cur}.\n\n{}",
-                        self.history_out(s)
-                    )));
-                }
-                return Ok(());
+            if cur != over {
+                return Err(Error::Runtime(format!(
+                    "Gradient operator needs output \"{s}\" at version {over}, but currently \
+                     we have version {cur}.\n\n{}",
+                    self.history_out(s)
+                )));
             }
-            if let Some(iv) = ins.get(id) {
-                if cur != iv {
-                    return Err(Error::Runtime(format!(
-                        "Gradient operator needs input \"{s}\" at version {iv}, but currently \
-                         we have version {cur}.\n\n{}",
-                        self.history_in(s)
-                    )));
-                }
-                return Ok(());
+            return Ok(());
+        }
+        if let Some((id, iv)) = self.find_blob(s, &op.input, self.ins_of(k), ins) {
+            let cur = self.frontier_of(id);
+            if cur != iv {
+                return Err(Error::Runtime(format!(
+                    "Gradient operator needs input \"{s}\" at version {iv}, but currently we \
+                     have version {cur}.\n\n{}",
+                    self.history_in(s)
+                )));
             }
+            return Ok(());
         }
         if !local.written_before(s, j) {
             return Err(Error::Runtime(format!(
@@ -626,6 +627,23 @@ impl<'a> Ir<'a> {
             )));
         }
         Ok(())
+    }
+
+    /// The blob `s` among one op's inputs or outputs (`names`, with their ids and versions in
+    /// `pairs`): string compares for small ops (no hashing, data already in cache), the id
+    /// index for large ones.
+    fn find_blob(
+        &self,
+        s: &str,
+        names: &[String],
+        pairs: &[(BlobId, u32)],
+        index: &VersionIndex<'_>,
+    ) -> Option<(BlobId, u32)> {
+        if names.len() <= 16 {
+            return names.iter().position(|n| n == s).map(|p| pairs[p]);
+        }
+        let id = self.names.get(s)?;
+        index.get(id).map(|v| (id, v))
     }
 
     /// `(op index, version)` of every read and write of `name` by the forward ops, replaying
