@@ -66,3 +66,48 @@ def graph_sub_graph_io(
 ) -> tuple[list[Versioned], list[Versioned]]: ...
 def graph_find_chains(net: bytes, op_type: str, min_length: int) -> list[list[int]]: ...
 def graph_versioned_external_outputs(net: bytes) -> list[Versioned]: ...
+
+# --- Autodiff (``ferrocaffe.core.gradients`` wraps these) ----------------------------------
+# A gradient crossing the boundary: None, a blob name, or an (indices, values) pair.
+Grad = str | tuple[str, str] | None
+GradientFunction = tuple[str, object]
+
+def backward_pass(
+    ops: list[bytes],
+    ys: list[tuple[str, object]],
+    functions: list[GradientFunction] = ...,
+    adapter: object | None = None,
+    next_net_name: object | None = None,
+    name_scope: str = "",
+    device_scope: bytes | None = None,
+    with_state: bool = False,
+    slice_type: type | None = None,
+) -> tuple[bytes, dict[str, object], object]:
+    """Backward pass of serialized forward ops: (gradient NetDef bytes, grad map, IR state)."""
+
+def backward_pass_net(
+    net: bytes,
+    skip: int,
+    ys: list[tuple[str, object]],
+    functions: list[GradientFunction] = ...,
+    adapter: object | None = None,
+    next_net_name: object | None = None,
+    name_scope: str = "",
+    device_scope: bytes | None = None,
+    slice_type: type | None = None,
+) -> tuple[bytes, dict[str, object]]:
+    """Backward pass of a serialized NetDef's ops from ``skip`` on."""
+
+def gradient_for_op(
+    op: bytes,
+    g_output: list[Grad],
+    functions: list[GradientFunction] = ...,
+    adapter: object | None = None,
+    next_net_name: object | None = None,
+    name_scope: str = "",
+    device_scope: bytes | None = None,
+) -> tuple[bytes, list[Grad]]:
+    """Gradient ops (as NetDef bytes) and input gradients of one serialized operator."""
+
+def ir_state(ops: list[bytes], check: bool = True) -> object:
+    """Caffe2's IR state (ssa, frontier, input usages...) after playing serialized ops."""
