@@ -45,6 +45,16 @@ pub fn to_py(err: ferrocaffe::Error) -> PyErr {
     }
 }
 
+/// A panic caught at the boundary (a bug, never user input): a RuntimeError saying so.
+pub fn panic_to_py(payload: Box<dyn std::any::Any + Send>) -> PyErr {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    PyRuntimeError::new_err(format!("internal error (panic): {what}"))
+}
+
 /// Extension trait: `result.py()?` converts a core `Result` into a `PyResult`.
 pub trait IntoPy<T> {
     fn py(self) -> PyResult<T>;

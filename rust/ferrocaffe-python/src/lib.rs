@@ -9,6 +9,7 @@ mod errors;
 mod graph;
 
 use errors::IntoPy;
+mod workspace;
 
 /// The encoded `FileDescriptorSet` of caffe2.proto (used to build `caffe2_pb2`).
 #[pyfunction]
@@ -47,5 +48,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     graph::register(m)?;
     autodiff::register(m)?;
+    workspace::register(m)?;
     Ok(())
 }
