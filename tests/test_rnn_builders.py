@@ -213,6 +213,36 @@ def test_main_net_with_gradients_matches_golden(name):
     assert_nets_equal(_netdef(RNN_CASES[name]["init_net_b64"]), model.param_init_net.Proto())
 
 
+def test_memory_optimization_recomputes_the_gates_on_backward():
+    """LSTM(memory_optimization=True) on the lstm_1layer case: the gate ops run again at the
+    start of the backward step, so the gates are no longer kept per timestep."""
+    case = RNN_CASES["rnn.lstm_1layer"]
+    model = ModelHelper(name="rnn_case")
+    model.net.AddExternalInputs("input", "seq_lengths", "h0", "c0")
+    rnn_cell.LSTM(
+        model,
+        "input",
+        "seq_lengths",
+        ("h0", "c0"),
+        dim_in=case["sizes"]["D"],
+        dim_out=case["sizes"]["H"],
+        scope="lstm",
+        memory_optimization=True,
+    )
+    golden = _args(_rnn_op_of(_netdef(case["main_net_b64"])))
+    actual = _args(_rnn_op(model.net))
+    assert list(actual["recompute_blobs_on_backward"].strings) == [b"lstm/gates_t"]
+    step = golden["step_net"].n
+    expected = caffe2_pb2.NetDef()
+    expected.CopyFrom(golden["backward_step_net"].n)
+    del expected.op[:]
+    expected.op.extend(step.op[:2])  # FC and Sum of the gates
+    expected.op.extend(golden["backward_step_net"].n.op)
+    expected.external_input.remove("lstm/gates_t")
+    assert_nets_equal(expected, actual["backward_step_net"].n, "backward_step_net")
+    assert actual["step_net"].n == step
+
+
 def test_forward_only_lstm_of_the_models_corpus():
     (case,) = [c for c in _load_cases("models") if c["family"] == "lstm_lm"]
     expected = _netdef(case["predict_net_b64"])
@@ -237,9 +267,13 @@ def test_forward_only_lstm_of_the_models_corpus():
 
 
 # ------------------------------------------------------------------ recurrent_net details
-def _rnn_op(net):
-    (op,) = [op for op in net.Proto().op if op.type == "RecurrentNetwork"]
+def _rnn_op_of(netdef):
+    (op,) = [op for op in netdef.op if op.type == "RecurrentNetwork"]
     return op
+
+
+def _rnn_op(net):
+    return _rnn_op_of(net.Proto())
 
 
 def _args(op):
