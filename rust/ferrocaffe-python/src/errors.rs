@@ -10,6 +10,13 @@ pyo3::create_exception!(
     "Bytes that are not a valid serialization of the expected protobuf message."
 );
 
+pyo3::create_exception!(
+    _native,
+    IllegalGraphTransformError,
+    PyValueError,
+    "A graph edit that would change what the net computes."
+);
+
 /// Maps a core error to the Python exception class users catch.
 pub fn to_py(err: ferrocaffe::Error) -> PyErr {
     use ferrocaffe::Error as E;
@@ -18,6 +25,7 @@ pub fn to_py(err: ferrocaffe::Error) -> PyErr {
         E::Decode { .. } => DecodeError::new_err(msg),
         E::InvalidArgument(_) => PyValueError::new_err(msg),
         E::NotFound(_) => PyKeyError::new_err(msg),
+        E::IllegalGraphTransform(_) => IllegalGraphTransformError::new_err(msg),
     }
 }
 
@@ -34,5 +42,9 @@ impl<T> IntoPy<T> for ferrocaffe::Result<T> {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DecodeError", m.py().get_type::<DecodeError>())?;
+    m.add(
+        "IllegalGraphTransformError",
+        m.py().get_type::<IllegalGraphTransformError>(),
+    )?;
     Ok(())
 }

@@ -5,6 +5,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 mod errors;
+mod graph;
+
+use errors::IntoPy;
 
 /// The encoded `FileDescriptorSet` of caffe2.proto (used to build `caffe2_pb2`).
 #[pyfunction]
@@ -18,11 +21,29 @@ fn registered_operators() -> Vec<&'static str> {
     ferrocaffe::ops::registered_types().collect()
 }
 
+/// Decodes `data` as the caffe2 message `kind` (`"NetDef"` or `"caffe2.NetDef"`, ...) in Rust
+/// and returns Rust's encoding of it. Raises `DecodeError` for malformed bytes, `ValueError` for
+/// an unknown kind.
+#[pyfunction]
+fn roundtrip<'py>(py: Python<'py>, kind: &str, data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+    let out = py.detach(|| ferrocaffe::proto::reencode(kind, data)).py()?;
+    Ok(PyBytes::new(py, &out))
+}
+
+/// Full names of every message in caffe2.proto.
+#[pyfunction]
+fn message_names() -> Vec<&'static str> {
+    ferrocaffe::proto::MESSAGE_NAMES.to_vec()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(file_descriptor_set, m)?)?;
     m.add_function(wrap_pyfunction!(registered_operators, m)?)?;
+    m.add_function(wrap_pyfunction!(roundtrip, m)?)?;
+    m.add_function(wrap_pyfunction!(message_names, m)?)?;
     errors::register(m)?;
+    graph::register(m)?;
     Ok(())
 }

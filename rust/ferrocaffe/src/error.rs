@@ -18,6 +18,10 @@ pub enum Error {
     /// A blob, op, net or key that was asked for does not exist.
     #[error("{0}")]
     NotFound(String),
+    /// A graph edit that would change what the net computes (e.g. renaming a blob version that
+    /// other ops also read).
+    #[error("{0}")]
+    IllegalGraphTransform(String),
 }
 
 /// Shorthand for `std::result::Result<T, ferrocaffe::Error>`.

@@ -15,6 +15,7 @@
 
 pub mod autodiff;
 pub mod error;
+pub mod graph;
 pub mod ops;
 pub mod proto;
 
