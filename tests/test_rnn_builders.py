@@ -509,15 +509,21 @@ def test_layer_norm_lstm_normalises_the_gates():
         model, "x", "lengths", ("h0", "c0"), dim_in=3, dim_out=4, scope="ln", forward_only=True
     )
     step = _step_net(model)
-    assert [op.type for op in step.op] == ["FC", "Sum", "LayerNorm", "Mul", "Add", "LSTMUnit"]
-    assert list(step.op[5].input) == [
+    assert [op.type for op in step.op[:3]] == ["FC", "Sum", "LayerNorm"]
+    assert step.op[2].input[0] == "ln/gates_t"
+    assert step.op[2].output[0] == "ln/gates_t_norm"
+    unit = step.op[-1]
+    assert unit.type == "LSTMUnit"
+    # The gates LSTMUnit reads are what brew.layer_norm returned (its last op's output).
+    assert list(unit.input) == [
         "ln/hidden_t_prev",
         "ln/cell_t_prev",
-        "ln/gates_t_norm_biased",
+        step.op[-2].output[0],
         "lengths",
         "timestep",
     ]
-    assert list(step.op[5].output) == ["ln/hidden_t", "ln/cell_t"]
+    assert list(unit.output) == ["ln/hidden_t", "ln/cell_t"]
+    assert [a.name for a in unit.arg] == ["forget_bias", "drop_states"]
 
 
 def test_basic_rnn_masks_finished_sequences():
