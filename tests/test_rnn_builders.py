@@ -744,3 +744,22 @@ def test_initial_state_count_must_match():
             scope="lstm",
             forward_only=True,
         )
+
+
+def test_caffe2_module_names_resolve_to_the_rnn_modules():
+    from ferrocaffe import compat
+
+    was_installed = compat.is_installed()
+    compat.install()
+    try:
+        from caffe2.python import gru_cell as c2_gru_cell
+        from caffe2.python import recurrent as c2_recurrent
+        from caffe2.python import rnn_cell as c2_rnn_cell
+
+        assert c2_rnn_cell is rnn_cell
+        assert c2_gru_cell is gru_cell
+        assert c2_recurrent is recurrent
+        assert c2_rnn_cell.LSTM.func is rnn_cell._LSTM
+    finally:
+        if not was_installed:
+            compat.uninstall()
