@@ -8,16 +8,12 @@ import json
 import os
 from pathlib import Path
 
-import _rnn_standins
 import pytest
 from google.protobuf import text_format
 
-_rnn_standins.install()
-
-from ferrocaffe import core, gru_cell, model_helper, recurrent, rnn_cell  # noqa: E402
-from ferrocaffe.proto import caffe2_pb2  # noqa: E402
-
-ModelHelper = model_helper.ModelHelper
+from ferrocaffe import core, gru_cell, recurrent, rnn_cell
+from ferrocaffe.model_helper import ModelHelper
+from ferrocaffe.proto import caffe2_pb2
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(os.environ.get("FERROCAFFE_GOLDEN", REPO.parent / "shared" / "golden"))

@@ -32,13 +32,6 @@ def _RectifyNames(blob_references_or_names):
     return [_RectifyName(i) for i in blob_references_or_names]
 
 
-def _initializer(operator_name, **kwargs):
-    """A parameter initializer running ``operator_name`` with ``kwargs`` in the init net."""
-    from ferrocaffe.modeling.initializers import Initializer
-
-    return Initializer(operator_name, **kwargs)
-
-
 class RNNCell:
     """Base class of recurrent cells.
 

@@ -7,7 +7,8 @@ runs ``LSTMUnit`` on the gates.
 """
 
 from ferrocaffe import brew
-from ferrocaffe.rnn_cell.base import RNNCell, _initializer
+from ferrocaffe.modeling.initializers import Initializer
+from ferrocaffe.rnn_cell.base import RNNCell
 
 __all__ = ["LSTMInitializer", "LSTMCell", "LayerNormLSTMCell", "MILSTMCell", "LayerNormMILSTMCell"]
 
@@ -23,12 +24,12 @@ class LSTMInitializer:
         return [
             model.create_param(
                 param_name="initial_hidden_state",
-                initializer=_initializer("ConstantFill", value=0.0),
+                initializer=Initializer(operator_name="ConstantFill", value=0.0),
                 shape=[self.hidden_size],
             ),
             model.create_param(
                 param_name="initial_cell_state",
-                initializer=_initializer("ConstantFill", value=0.0),
+                initializer=Initializer(operator_name="ConstantFill", value=0.0),
                 shape=[self.hidden_size],
             ),
         ]
@@ -211,7 +212,7 @@ def _mi_gates(cell, model, input_t, hidden_t_prev, extra_inputs):
         model.create_param(
             cell.scope(name),
             shape=[cell.gates_size],
-            initializer=_initializer("ConstantFill", value=value),
+            initializer=Initializer("ConstantFill", value=value),
         )
         for name, value in (("alpha", 1.0), ("beta1", 1.0), ("beta2", 1.0), ("b", 0.0))
     )

@@ -5,6 +5,7 @@ into the main net, no RecurrentNetwork op)."""
 import logging
 
 from ferrocaffe import brew, core, scope
+from ferrocaffe.modeling.parameter_sharing import ParameterSharing
 from ferrocaffe.proto import caffe2_pb2
 from ferrocaffe.rnn_cell.base import RNNCell, _RectifyName
 
@@ -219,8 +220,6 @@ class UnrolledCell(RNNCell):
     def apply_over_sequence(
         self, model, inputs, seq_lengths, initial_states, outputs_with_grads=None
     ):
-        from ferrocaffe.modeling.parameter_sharing import ParameterSharing
-
         inputs = self.cell.prepare_input(model, inputs)
         split_inputs = model.net.Split(
             inputs, [str(inputs) + f"_timestep_{i}" for i in range(self.T)], axis=0
