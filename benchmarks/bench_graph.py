@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import graph_reference as ref  # noqa: E402
+
 from ferrocaffe import core, graph  # noqa: E402
 from ferrocaffe.proto import caffe2_pb2  # noqa: E402
 

@@ -5,10 +5,11 @@ import copy
 
 import graph_reference as ref
 import pytest
-from ferrocaffe import core, graph
-from ferrocaffe.proto import caffe2_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from ferrocaffe import core, graph
+from ferrocaffe.proto import caffe2_pb2
 
 
 def make_net(ops, external_input=(), external_output=(), name="predict"):

@@ -6,13 +6,13 @@ import random
 import re
 
 import pytest
+from golden_messages import samples
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ferrocaffe import _native
 from ferrocaffe.proto import caffe2_pb2
-from golden_messages import samples
 
 KINDS = ("NetDef", "OperatorDef", "PlanDef")
 OVERLONG_KEY = re.compile(rb"[\x80-\xff]{5}")

@@ -4,11 +4,11 @@ trip, and comes back from a trip through Rust (``_native.roundtrip``) as an equa
 from collections import Counter
 
 import pytest
+from golden_messages import samples
 from google.protobuf import text_format, unknown_fields
 
 from ferrocaffe import _native
 from ferrocaffe.proto import caffe2_pb2
-from golden_messages import samples
 
 # How many of each the corpus holds (the Rust test checks the same numbers).
 EXPECTED_COUNTS = {

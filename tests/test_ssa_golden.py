@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from ferrocaffe import core
 from ferrocaffe.proto import caffe2_pb2
 

@@ -23,3 +23,91 @@ def roundtrip(kind: str, data: bytes) -> bytes:
 
 def message_names() -> list[str]:
     """Full names of every message in caffe2.proto, in schema order."""
+
+class IllegalGraphTransformError(ValueError):
+    """A graph edit that would change what other ops read (see ``ferrocaffe.graph``)."""
+
+# --- SSA (``ferrocaffe.core.ssa`` wraps these) ---------------------------------------------
+Versioned = tuple[str, int]
+SsaOp = tuple[list[Versioned], list[Versioned]]
+
+def ssa_get_ssa(
+    net: bytes, start: list[Versioned] | None = None
+) -> tuple[list[SsaOp], dict[str, int]]:
+    """``core.get_ssa`` on a serialized NetDef; ``start`` holds the starting blob versions."""
+
+def ssa_get_undefined_blobs(ssa: list[SsaOp]) -> set[str]:
+    """Blobs read before any op of ``ssa`` writes them."""
+
+def ssa_get_output_producers(ssa: list[SsaOp]) -> dict[Versioned, int]:
+    """``{(blob, version): index of the op that produced it}``."""
+
+def ssa_get_op_ids_in_path(
+    ssa: list[SsaOp], inputs: list[Versioned], outputs: list[Versioned]
+) -> list[int]:
+    """Indices of the ops on a path from ``inputs`` to ``outputs``, sorted."""
+
+# --- Graph surgery (``ferrocaffe.graph`` wraps these; nets cross as NetDef bytes) -----------
+def graph_producer_map(net: bytes) -> dict[Versioned, tuple[int, int]]: ...
+def graph_consumer_map(net: bytes) -> dict[Versioned, list[tuple[int, int]]]: ...
+def graph_rename_op_input(
+    net: bytes,
+    init_net: bytes | None,
+    op: int,
+    input: int,
+    new_name: str,
+    at_producer: bool,
+) -> tuple[bytes, bytes | None]: ...
+def graph_rename_op_output(net: bytes, op: int, output: int, new_name: str) -> bytes: ...
+def graph_remove_dead_end_ops(net: bytes) -> tuple[bytes, list[int]]: ...
+def graph_remove_ops(net: bytes, ops: list[int]) -> bytes: ...
+def graph_sub_graph_io(
+    net: bytes, ops: list[int]
+) -> tuple[list[Versioned], list[Versioned]]: ...
+def graph_find_chains(net: bytes, op_type: str, min_length: int) -> list[list[int]]: ...
+def graph_versioned_external_outputs(net: bytes) -> list[Versioned]: ...
+
+# --- Autodiff (``ferrocaffe.core.gradients`` wraps these) ----------------------------------
+# A gradient crossing the boundary: None, a blob name, or an (indices, values) pair.
+Grad = str | tuple[str, str] | None
+GradientFunction = tuple[str, object]
+
+def backward_pass(
+    ops: list[bytes],
+    ys: list[tuple[str, object]],
+    functions: list[GradientFunction] = ...,
+    adapter: object | None = None,
+    next_net_name: object | None = None,
+    name_scope: str = "",
+    device_scope: bytes | None = None,
+    with_state: bool = False,
+    slice_type: type | None = None,
+) -> tuple[bytes, dict[str, object], object]:
+    """Backward pass of serialized forward ops: (gradient NetDef bytes, grad map, IR state)."""
+
+def backward_pass_net(
+    net: bytes,
+    skip: int,
+    ys: list[tuple[str, object]],
+    functions: list[GradientFunction] = ...,
+    adapter: object | None = None,
+    next_net_name: object | None = None,
+    name_scope: str = "",
+    device_scope: bytes | None = None,
+    slice_type: type | None = None,
+) -> tuple[bytes, dict[str, object]]:
+    """Backward pass of a serialized NetDef's ops from ``skip`` on."""
+
+def gradient_for_op(
+    op: bytes,
+    g_output: list[Grad],
+    functions: list[GradientFunction] = ...,
+    adapter: object | None = None,
+    next_net_name: object | None = None,
+    name_scope: str = "",
+    device_scope: bytes | None = None,
+) -> tuple[bytes, list[Grad]]:
+    """Gradient ops (as NetDef bytes) and input gradients of one serialized operator."""
+
+def ir_state(ops: list[bytes], check: bool = True) -> object:
+    """Caffe2's IR state (ssa, frontier, input usages...) after playing serialized ops."""

@@ -1,6 +1,8 @@
 //! The one place where `ferrocaffe::Error` becomes a Python exception.
 
-use pyo3::exceptions::{PyKeyError, PyValueError};
+use pyo3::exceptions::{
+    PyAssertionError, PyException, PyKeyError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 
 pyo3::create_exception!(
@@ -26,6 +28,20 @@ pub fn to_py(err: ferrocaffe::Error) -> PyErr {
         E::InvalidArgument(_) => PyValueError::new_err(msg),
         E::NotFound(_) => PyKeyError::new_err(msg),
         E::IllegalGraphTransform(_) => IllegalGraphTransformError::new_err(msg),
+        E::Runtime(_) => PyRuntimeError::new_err(msg),
+        E::Assertion(_) => PyAssertionError::new_err(msg),
+        E::Type(_) => PyTypeError::new_err(msg),
+        // Caffe2 raised a bare `Exception` when a gradient maker failed.
+        E::GradientMaker { .. } => PyException::new_err(msg),
+        // An error of Python code called back: a RuntimeError naming what the engine was
+        // doing, caused by the original exception.
+        E::External { source, .. } => {
+            let e = PyRuntimeError::new_err(msg);
+            if let Ok(cause) = source.downcast::<PyErr>() {
+                Python::attach(|py| e.set_cause(py, Some(*cause)));
+            }
+            e
+        }
     }
 }
 

@@ -52,6 +52,10 @@ impl<'py, 's> Objects<'py, 's> {
                 version.into_pyobject(self.py)?.into_any(),
             ],
         )?;
+        // SAFETY: `t` is a live tuple holding a str and an int, which can never be part of a
+        // reference cycle; CPython's collector untracks such tuples itself when it meets them,
+        // this only spares it the visits. Untracking an untracked object is a no-op.
+        unsafe { pyo3::ffi::PyObject_GC_UnTrack(t.as_ptr().cast()) };
         self.values[v.index()] = Some(t.clone());
         Ok(t)
     }
@@ -67,45 +71,168 @@ fn text(obj: &Bound<'_, PyAny>, buf: &mut String) -> PyResult<()> {
     Ok(())
 }
 
+/// A small direct-mapped cache keyed by object identity. Entries hold a reference to their
+/// object, so an address cannot be reused by another object while it is cached.
+struct IdentityCache<'py, T: Copy> {
+    entries: Vec<Option<(Bound<'py, PyAny>, T)>>,
+}
+
+impl<'py, T: Copy> IdentityCache<'py, T> {
+    const SIZE: usize = 4096;
+
+    fn new() -> Self {
+        IdentityCache {
+            entries: (0..Self::SIZE).map(|_| None).collect(),
+        }
+    }
+
+    fn slot(obj: &Bound<'py, PyAny>) -> usize {
+        let p = obj.as_ptr() as usize;
+        (p >> 4 ^ p >> 16) & (Self::SIZE - 1)
+    }
+
+    fn get(&self, obj: &Bound<'py, PyAny>) -> Option<T> {
+        match &self.entries[Self::slot(obj)] {
+            Some((o, t)) if o.is(obj) => Some(*t),
+            _ => None,
+        }
+    }
+
+    fn put(&mut self, obj: &Bound<'py, PyAny>, t: T) {
+        self.entries[Self::slot(obj)] = Some((obj.clone(), t));
+    }
+}
+
 /// Converts a Caffe2 `ssa` list (`[(inputs, outputs), ...]` of `(name, version)` pairs).
-fn ssa_from_py(ssa: &Bound<'_, PyAny>) -> PyResult<Ssa> {
-    let mut b = Ssa::builder();
-    let mut name = String::new();
-    let pair = |item: Bound<'_, PyAny>, name: &mut String| -> PyResult<Version> {
-        if let Ok(t) = item.cast::<PyTuple>() {
-            if t.len() == 2 {
-                text(&t.get_item(0)?, name)?;
-                return t.get_item(1)?.extract::<Version>();
+///
+/// `get_ssa` returns one shared tuple per versioned blob and one shared string per name, so
+/// identity caches skip re-reading most of them.
+struct SsaReader<'py> {
+    builder: ferrocaffe::graph::SsaBuilder,
+    names: IdentityCache<'py, ferrocaffe::graph::BlobId>,
+    values: IdentityCache<'py, ValueId>,
+    buf: String,
+    /// The first Python object seen for each blob and each value (results reuse them, as
+    /// Caffe2's functions returned the objects of the given `ssa`).
+    name_objs: Vec<Bound<'py, PyAny>>,
+    value_objs: Vec<Bound<'py, PyAny>>,
+}
+
+/// A converted `ssa` and the Python objects it was read from.
+struct ReadSsa<'py> {
+    ssa: Ssa,
+    name_objs: Vec<Bound<'py, PyAny>>,
+    value_objs: Vec<Bound<'py, PyAny>>,
+}
+
+impl<'py> SsaReader<'py> {
+    fn read(ssa: &Bound<'py, PyAny>) -> PyResult<ReadSsa<'py>> {
+        let hint = ssa.len().unwrap_or(0);
+        let mut r = SsaReader {
+            builder: Ssa::builder_with_capacity(hint),
+            names: IdentityCache::new(),
+            values: IdentityCache::new(),
+            buf: String::new(),
+            name_objs: Vec::with_capacity(hint * 2),
+            value_objs: Vec::with_capacity(hint * 2),
+        };
+        for op in ssa.try_iter()? {
+            let op = op?;
+            let (ins, outs) = match op.cast::<PyTuple>() {
+                Ok(t) if t.len() == 2 => (t.get_item(0)?, t.get_item(1)?),
+                _ => {
+                    let mut parts = op.try_iter()?;
+                    match (parts.next(), parts.next(), parts.next()) {
+                        (Some(i), Some(o), None) => (i?, o?),
+                        _ => {
+                            return Err(pyo3::exceptions::PyValueError::new_err(
+                                "each ssa entry must be an (inputs, outputs) pair",
+                            ))
+                        }
+                    }
+                }
+            };
+            r.side(&ins, true)?;
+            r.side(&outs, false)?;
+            r.builder.end_op();
+        }
+        Ok(ReadSsa {
+            ssa: r.builder.build(),
+            name_objs: r.name_objs,
+            value_objs: r.value_objs,
+        })
+    }
+
+    fn side(&mut self, items: &Bound<'py, PyAny>, inputs: bool) -> PyResult<()> {
+        let push = |r: &mut Self, item: &Bound<'py, PyAny>| -> PyResult<()> {
+            let v = r.value(item)?;
+            if inputs {
+                r.builder.input_value(v);
+            } else {
+                r.builder.output_value(v);
+            }
+            Ok(())
+        };
+        if let Ok(list) = items.cast::<PyList>() {
+            for item in list.iter() {
+                push(self, &item)?;
+            }
+        } else {
+            for item in items.try_iter()? {
+                push(self, &item?)?;
             }
         }
-        let mut it = item.try_iter()?;
-        let (Some(n), Some(v), None) = (it.next(), it.next(), it.next()) else {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "a versioned blob must be a (name, version) pair",
-            ));
-        };
-        text(&n?, name)?;
-        v?.extract::<Version>()
-    };
-    for op in ssa.try_iter()? {
-        let op = op?;
-        let mut parts = op.try_iter()?;
-        let (Some(ins), Some(outs), None) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "each ssa entry must be an (inputs, outputs) pair",
-            ));
-        };
-        for item in ins?.try_iter()? {
-            let v = pair(item?, &mut name)?;
-            b.input(&name, v);
-        }
-        for item in outs?.try_iter()? {
-            let v = pair(item?, &mut name)?;
-            b.output(&name, v);
-        }
-        b.end_op();
+        Ok(())
     }
-    Ok(b.build())
+
+    fn value(&mut self, item: &Bound<'py, PyAny>) -> PyResult<ValueId> {
+        if let Some(v) = self.values.get(item) {
+            return Ok(v);
+        }
+        let (name, version) = match item.cast::<PyTuple>() {
+            Ok(t) if t.len() == 2 => (t.get_item(0)?, t.get_item(1)?),
+            _ => {
+                let mut it = item.try_iter()?;
+                match (it.next(), it.next(), it.next()) {
+                    (Some(n), Some(v), None) => (n?, v?),
+                    _ => {
+                        return Err(pyo3::exceptions::PyValueError::new_err(
+                            "a versioned blob must be a (name, version) pair",
+                        ))
+                    }
+                }
+            }
+        };
+        // Only immutable objects (exact str, exact tuple of str and int) are cached.
+        let exact_name = name.is_exact_instance_of::<PyString>();
+        let blob = match self.names.get(&name) {
+            Some(b) => b,
+            None => {
+                text(&name, &mut self.buf)?;
+                let b = self.builder.blob(&self.buf);
+                if b.index() == self.name_objs.len() {
+                    self.name_objs.push(name.clone());
+                }
+                if exact_name {
+                    self.names.put(&name, b);
+                }
+                b
+            }
+        };
+        let exact_version = version.is_exact_instance_of::<pyo3::types::PyInt>();
+        let v = self.builder.value(blob, version.extract::<Version>()?);
+        if v.index() == self.value_objs.len() {
+            self.value_objs.push(item.clone());
+        }
+        if exact_name && exact_version && item.is_exact_instance_of::<PyTuple>() {
+            self.values.put(item, v);
+        }
+        Ok(v)
+    }
+}
+
+fn ssa_from_py(ssa: &Bound<'_, PyAny>) -> PyResult<Ssa> {
+    Ok(SsaReader::read(ssa)?.ssa)
 }
 
 /// `core.get_ssa` on serialized NetDef bytes: `(ssa, blob_versions)`, with `start` the
@@ -143,29 +270,30 @@ fn ssa_get_ssa<'py>(
     Ok((PyList::new(py, ops)?, versions))
 }
 
-/// `core.get_undefined_blobs(ssa)`.
+/// `core.get_undefined_blobs(ssa)`: the name objects of the given `ssa`.
 #[pyfunction]
 fn ssa_get_undefined_blobs<'py>(
     py: Python<'py>,
     ssa: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PySet>> {
-    let ssa = ssa_from_py(ssa)?;
+    let read = SsaReader::read(ssa)?;
+    let ssa = &read.ssa;
     let undefined = py.detach(|| ssa.undefined_blobs());
-    PySet::new(py, undefined.iter().map(|&b| ssa.name(b)))
+    PySet::new(py, undefined.iter().map(|&b| &read.name_objs[b.index()]))
 }
 
-/// `core.get_output_producers(ssa)`.
+/// `core.get_output_producers(ssa)`: keyed by the versioned-blob objects of the given `ssa`.
 #[pyfunction]
 fn ssa_get_output_producers<'py>(
     py: Python<'py>,
     ssa: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let ssa = ssa_from_py(ssa)?;
+    let read = SsaReader::read(ssa)?;
+    let ssa = &read.ssa;
     let producers = py.detach(|| ssa.output_producers());
-    let mut objs = Objects::new(py, &ssa);
     let out = PyDict::new(py);
     for (v, op) in producers {
-        out.set_item(objs.value(v)?, op)?;
+        out.set_item(&read.value_objs[v.index()], op)?;
     }
     Ok(out)
 }

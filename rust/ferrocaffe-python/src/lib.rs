@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+mod autodiff;
 mod errors;
 mod graph;
 
@@ -45,5 +46,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(message_names, m)?)?;
     errors::register(m)?;
     graph::register(m)?;
+    autodiff::register(m)?;
     Ok(())
 }

@@ -253,6 +253,21 @@ impl Ssa {
         SsaBuilder::default()
     }
 
+    /// [`Ssa::builder`] with room for about `num_ops` ops.
+    pub fn builder_with_capacity(num_ops: usize) -> SsaBuilder {
+        let mut ids = FxHashMap::default();
+        ids.reserve(num_ops * 2);
+        SsaBuilder {
+            names: Names::with_capacity(num_ops * 2, num_ops * 16),
+            in_off: Vec::with_capacity(num_ops + 1),
+            inputs: Vec::with_capacity(num_ops * 3),
+            out_off: Vec::with_capacity(num_ops + 1),
+            outputs: Vec::with_capacity(num_ops * 2),
+            values: Vec::with_capacity(num_ops * 2),
+            ids,
+        }
+    }
+
     /// Number of ops.
     pub fn len(&self) -> usize {
         self.in_off.len() - 1
@@ -525,13 +540,23 @@ pub struct SsaBuilder {
 }
 
 impl SsaBuilder {
-    fn slot(&mut self, name: &str, version: Version) -> Slot {
-        let blob = self.names.intern(name);
+    /// The id of blob `name` (interned on first use).
+    pub fn blob(&mut self, name: &str) -> BlobId {
+        self.names.intern(name)
+    }
+
+    /// The value id of `(blob, version)` (created on first use).
+    pub fn value(&mut self, blob: BlobId, version: Version) -> ValueId {
         let next = ValueId(self.values.len() as u32);
         let value = *self.ids.entry((blob, version)).or_insert(next);
         if value == next {
             self.values.push((blob, version));
         }
+        value
+    }
+
+    fn slot_of(&self, value: ValueId) -> Slot {
+        let (blob, version) = self.values[value.index()];
         Slot {
             blob,
             version,
@@ -541,13 +566,27 @@ impl SsaBuilder {
 
     /// Adds an input to the current op.
     pub fn input(&mut self, name: &str, version: Version) {
-        let s = self.slot(name, version);
-        self.inputs.push(s);
+        let blob = self.blob(name);
+        let v = self.value(blob, version);
+        self.input_value(v);
     }
 
     /// Adds an output to the current op.
     pub fn output(&mut self, name: &str, version: Version) {
-        let s = self.slot(name, version);
+        let blob = self.blob(name);
+        let v = self.value(blob, version);
+        self.output_value(v);
+    }
+
+    /// Adds an input given by the id [`SsaBuilder::value`] returned.
+    pub fn input_value(&mut self, value: ValueId) {
+        let s = self.slot_of(value);
+        self.inputs.push(s);
+    }
+
+    /// Adds an output given by the id [`SsaBuilder::value`] returned.
+    pub fn output_value(&mut self, value: ValueId) {
+        let s = self.slot_of(value);
         self.outputs.push(s);
     }
 
