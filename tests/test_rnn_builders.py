@@ -759,3 +759,69 @@ def test_caffe2_module_names_resolve_to_the_rnn_modules():
     finally:
         if not was_installed:
             compat.uninstall()
+
+
+def _all_op_types(*nets):
+    """Op types of the nets and of every net held in their ops' arguments."""
+    types = set()
+    pending = list(nets)
+    while pending:
+        net = pending.pop()
+        for op in net.op:
+            types.add(op.type)
+            for arg in op.arg:
+                if arg.HasField("n"):
+                    pending.append(arg.n)
+                pending.extend(arg.nets)
+    return types
+
+
+def _catalog_builder_ops(builder):
+    catalog = json.load(open(GOLDEN.parent / "op-catalog.json"))["ops"]
+    return {t for t, o in catalog.items() if builder in o.get("used_by", [])}
+
+
+@pytest.mark.parametrize(
+    "builder, make, layers, forward_only",
+    [
+        ("rnn_cell.LSTM", rnn_cell.LSTM, 1, False),
+        ("rnn_cell.LSTM(2 layers)", rnn_cell.LSTM, 2, False),
+        ("rnn_cell.LSTM(forward_only)", rnn_cell.LSTM, 1, True),
+        ("rnn_cell.MILSTM", rnn_cell.MILSTM, 1, False),
+        ("gru_cell.GRU", gru_cell.GRU, 1, False),
+    ],
+)
+def test_builders_emit_the_catalog_op_types(builder, make, layers, forward_only):
+    """With a squared-mean loss (and its gradients unless forward_only), each builder emits
+    exactly the op types the catalog recorded for Caffe2's."""
+    model = ModelHelper(name="m")
+    per_layer = 1 if make is gru_cell.GRU else 2
+    states = [f"s{i}" for i in range(per_layer * layers)]
+    outputs = make(
+        model,
+        "x",
+        "lengths",
+        states,
+        dim_in=3,
+        dim_out=[4] * layers,
+        scope="rnn",
+        forward_only=forward_only,
+    )
+    loss = _loss(model, outputs[0])
+    if not forward_only:
+        model.AddGradientOperators([loss])
+    emitted = _all_op_types(model.net.Proto(), model.param_init_net.Proto())
+    assert emitted == _catalog_builder_ops(builder)
+
+
+def test_milstm_gradients_cover_every_parameter():
+    model = ModelHelper(name="m")
+    outputs = rnn_cell.MILSTM(model, "x", "lengths", ("h0", "c0"), dim_in=3, dim_out=4, scope="mi")
+    model.AddGradientOperators([_loss(model, outputs[0])])
+    args = _args(_rnn_op(model.net))
+    step_params = ["mi/prev_t_w", "mi/prev_t_b", "mi/alpha", "mi/beta1", "mi/beta2", "mi/b"]
+    assert [p + "_grad" for p in step_params] == [s.decode() for s in args["param_grads"].strings]
+    op = _rnn_op(model.net)
+    assert [op.input[i] for i in args["param"].ints] == step_params
+    (gradient_op,) = [o for o in model.net.Proto().op if o.type == "RecurrentNetworkGradient"]
+    assert set(gradient_op.output) >= {p + "_grad" for p in step_params}
