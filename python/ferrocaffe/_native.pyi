@@ -66,3 +66,79 @@ def graph_sub_graph_io(
 ) -> tuple[list[Versioned], list[Versioned]]: ...
 def graph_find_chains(net: bytes, op_type: str, min_length: int) -> list[list[int]]: ...
 def graph_versioned_external_outputs(net: bytes) -> list[Versioned]: ...
+
+# --- Autodiff (``ferrocaffe.core.gradients`` wraps these) ----------------------------------
+# A gradient crossing the boundary: None, a blob name, or an (indices, values) pair.
+Grad = str | tuple[str, str] | None
+GradientFunction = tuple[str, object]
+
+def backward_pass(
+    ops: list[bytes],
+    ys: list[tuple[str, object]],
+    functions: list[GradientFunction] = ...,
+    adapter: object | None = None,
+    next_net_name: object | None = None,
+    name_scope: str = "",
+    device_scope: bytes | None = None,
+    with_state: bool = False,
+    slice_type: type | None = None,
+) -> tuple[bytes, dict[str, object], object]:
+    """Backward pass of serialized forward ops: (gradient NetDef bytes, grad map, IR state)."""
+
+def backward_pass_net(
+    net: bytes,
+    skip: int,
+    ys: list[tuple[str, object]],
+    functions: list[GradientFunction] = ...,
+    adapter: object | None = None,
+    next_net_name: object | None = None,
+    name_scope: str = "",
+    device_scope: bytes | None = None,
+    slice_type: type | None = None,
+) -> tuple[bytes, dict[str, object]]:
+    """Backward pass of a serialized NetDef's ops from ``skip`` on."""
+
+def gradient_for_op(
+    op: bytes,
+    g_output: list[Grad],
+    functions: list[GradientFunction] = ...,
+    adapter: object | None = None,
+    next_net_name: object | None = None,
+    name_scope: str = "",
+    device_scope: bytes | None = None,
+) -> tuple[bytes, list[Grad]]:
+    """Gradient ops (as NetDef bytes) and input gradients of one serialized operator."""
+
+def ir_state(ops: list[bytes], check: bool = True) -> object:
+    """Caffe2's IR state (ssa, frontier, input usages...) after playing serialized ops."""
+
+# --- Runtime (``ferrocaffe.workspace`` wraps these) ------------------------------------------
+class TensorBuffer:
+    """Keeps a tensor's memory alive as the base of a zero-copy numpy array."""
+
+class Workspace:
+    """A Rust workspace: named blobs, created nets. Every run releases the GIL."""
+
+    def __init__(self) -> None: ...
+    def feed(self, name: str, array: object) -> None: ...
+    def feed_strings(self, name: str, dims: list[int], values: list[bytes]) -> None: ...
+    def feed_bytes(self, name: str, value: bytes) -> None: ...
+    def fetch(self, name: str) -> object: ...
+    def blob_type(self, name: str) -> str: ...
+    def has_blob(self, name: str) -> bool: ...
+    def remove_blob(self, name: str) -> bool: ...
+    def blobs(self) -> list[str]: ...
+    def create_blob(self, name: str) -> None: ...
+    def create_net(self, net: bytes, overwrite: bool) -> str: ...
+    def run_net(self, name: str, num_iter: int = 1) -> None: ...
+    def run_net_once(self, net: bytes) -> None: ...
+    def run_operator_once(self, op: bytes) -> None: ...
+    def run_plan(self, plan: bytes) -> None: ...
+    def nets(self) -> list[str]: ...
+    def has_net(self, name: str) -> bool: ...
+    def delete_net(self, name: str) -> bool: ...
+    def reset(self) -> None: ...
+    root_folder: str
+
+def kernel_types() -> list[str]:
+    """Op types that have a kernel, sorted."""

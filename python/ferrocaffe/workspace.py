@@ -1,7 +1,327 @@
-"""Caffe2's ``workspace`` module (placeholder until the runtime lands: blob storage only)."""
+"""Caffe2's ``workspace`` module: a facade over Rust workspaces (``ferrocaffe._native.Workspace``).
 
-__all__ = ["ResetWorkspace"]
+Blobs live in Rust. ``FeedBlob`` hands a numeric numpy array over without copying when it is
+C-contiguous and aligned (the workspace then reads that memory: change the array after feeding
+and the blob sees it, until an op writes the blob, which copies first). ``FetchBlob`` returns a
+read-only array sharing the tensor's memory; later runs never change it (the engine copies on
+write). Call ``.copy()`` on it for a writable array. Strings come back as object arrays of bytes.
+
+Nets, ops and plans are accepted as protobuf messages or as anything with ``.Proto()``
+(``core.Net``, ``core.Plan``, ``core.ExecutionStep``...). Every run releases the GIL, so several
+Python threads can run different nets on one workspace.
+"""
+
+from collections import defaultdict
+
+import numpy as np
+
+from ferrocaffe import _native
+from ferrocaffe.proto import caffe2_pb2
+
+__all__ = [
+    "Blobs",
+    "C",
+    "CreateBlob",
+    "CreateNet",
+    "CurrentWorkspace",
+    "FeedBlob",
+    "FetchBlob",
+    "FetchBlobs",
+    "GlobalInit",
+    "HasBlob",
+    "Nets",
+    "RegisteredOperators",
+    "RemoveBlob",
+    "ResetWorkspace",
+    "RootFolder",
+    "RunNet",
+    "RunNetOnce",
+    "RunOperatorOnce",
+    "RunOperatorsOnce",
+    "RunPlan",
+    "StringifyBlobName",
+    "StringifyNetName",
+    "StringifyProto",
+    "SwitchWorkspace",
+    "Workspaces",
+    "blobs",
+]
+
+C = _native
+has_gpu_support = False
+has_cuda_support = False
+has_hip_support = False
+is_asan = False
+# net name -> op index -> Python stack where the op was added (filled by core.Net)
+operator_tracebacks = defaultdict(dict)
+
+_workspaces = {"default": _native.Workspace()}
+_current = "default"
+
+
+def _ws():
+    return _workspaces[_current]
+
+
+def GlobalInit(args):
+    """Accepts Caffe2's command-line flags (``['caffe2', '--caffe2_log_level=0', ...]``).
+    Flags only tune Caffe2's own logging and threading; they are checked for form and kept."""
+    for a in list(args)[1:]:
+        if not isinstance(a, str) or not a.startswith("--"):
+            raise RuntimeError(
+                "GlobalInit: unexpected argument %r (expected --flag[=value])" % (a,)
+            )
+    GlobalInit.flags = list(args)
+    return True
+
+
+def NumCudaDevices():
+    return 0
+
+
+NumGpuDevices = NumCudaDevices
+
+
+def GetCudaPeerAccessPattern():
+    return np.zeros((0, 0), dtype=bool)
+
+
+def StringifyBlobName(name):
+    return name if isinstance(name, str) else str(name)
+
+
+def StringifyNetName(name):
+    if hasattr(name, "Name") and callable(name.Name):
+        return name.Name()
+    if isinstance(name, caffe2_pb2.NetDef):
+        return name.name
+    return str(name)
+
+
+def StringifyProto(obj):
+    """Serialized bytes of a protobuf message, of anything with ``.Proto()``, or bytes/str as is."""
+    if isinstance(obj, bytes):
+        return obj
+    if isinstance(obj, str):
+        return obj.encode()
+    if hasattr(obj, "Proto") and callable(obj.Proto):
+        obj = obj.Proto()
+    if hasattr(obj, "SerializeToString"):
+        return obj.SerializeToString()
+    raise ValueError("Unexpected argument to StringifyProto of type " + type(obj).__name__)
+
+
+# -- workspaces ---------------------------------------------------------------------------
 
 
 def ResetWorkspace(root_folder=None):
+    """Empties the current workspace (blobs and nets); optionally sets its root folder."""
+    ws = _ws()
+    ws.reset()
+    ws.root_folder = "." if root_folder is None else str(root_folder)
     return True
+
+
+def SwitchWorkspace(name, create_if_missing=False):
+    global _current
+    name = str(name)
+    if name not in _workspaces:
+        if not create_if_missing:
+            raise RuntimeError(
+                "Workspace %s does not exist (pass create_if_missing=True to create it)" % name
+            )
+        _workspaces[name] = _native.Workspace()
+    _current = name
+
+
+def CurrentWorkspace():
+    return _current
+
+
+def Workspaces():
+    return list(_workspaces)
+
+
+def RootFolder():
+    return _ws().root_folder
+
+
+# -- blobs ----------------------------------------------------------------------------------
+
+
+def _to_bytes(v):
+    if isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    if isinstance(v, (bytearray, memoryview, np.bytes_)):
+        return bytes(v)
+    raise TypeError("string tensors hold bytes or str, got %s" % type(v).__name__)
+
+
+def _feed(ws, name, arr):
+    name = StringifyBlobName(name)
+    if isinstance(arr, caffe2_pb2.TensorProto):
+        arr = _tensor_proto_to_array(arr)
+    if isinstance(arr, (bytes, str)):
+        ws.feed_bytes(name, _to_bytes(arr))
+        return True
+    if not isinstance(arr, np.ndarray):
+        arr = np.asarray(arr)
+    if arr.dtype.kind in "OSU":
+        ws.feed_strings(name, list(arr.shape), [_to_bytes(v) for v in arr.reshape(-1)])
+        return True
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    arr = np.require(arr, requirements=["C", "A"])
+    try:
+        ws.feed(name, arr)
+    except TypeError as e:
+        raise TypeError("FeedBlob(%r): %s" % (name, e)) from None
+    return True
+
+
+def _tensor_proto_to_array(t):
+    dtypes = {
+        caffe2_pb2.TensorProto.FLOAT: (np.float32, "float_data"),
+        caffe2_pb2.TensorProto.DOUBLE: (np.float64, "double_data"),
+        caffe2_pb2.TensorProto.INT32: (np.int32, "int32_data"),
+        caffe2_pb2.TensorProto.INT64: (np.int64, "int64_data"),
+        caffe2_pb2.TensorProto.BOOL: (np.bool_, "int32_data"),
+        caffe2_pb2.TensorProto.UINT8: (np.uint8, "int32_data"),
+        caffe2_pb2.TensorProto.INT8: (np.int8, "int32_data"),
+        caffe2_pb2.TensorProto.INT16: (np.int16, "int32_data"),
+        caffe2_pb2.TensorProto.UINT16: (np.uint16, "int32_data"),
+    }
+    if t.data_type == caffe2_pb2.TensorProto.STRING:
+        return np.array(list(t.string_data), dtype=object).reshape(tuple(t.dims))
+    if t.data_type not in dtypes:
+        raise TypeError("unsupported TensorProto data type %d" % t.data_type)
+    dt, field = dtypes[t.data_type]
+    return np.asarray(list(getattr(t, field)), dtype=dt).reshape(tuple(t.dims))
+
+
+def FeedBlob(name, arr, device_option=None):
+    """Puts ``arr`` (numpy array, bytes/str, TensorProto) into blob ``name``. Returns True."""
+    return _feed(_ws(), name, arr)
+
+
+def FetchBlob(name):
+    """The value of blob ``name`` as a numpy array (bytes for a string blob)."""
+    return _ws().fetch(StringifyBlobName(name))
+
+
+def FetchBlobs(names):
+    return [FetchBlob(n) for n in names]
+
+
+def HasBlob(name):
+    return _ws().has_blob(StringifyBlobName(name))
+
+
+def CreateBlob(name):
+    _ws().create_blob(StringifyBlobName(name))
+    return True
+
+
+def RemoveBlob(name):
+    return _ws().remove_blob(StringifyBlobName(name))
+
+
+def Blobs():
+    return _ws().blobs()
+
+
+class _BlobsDict:
+    """``workspace.blobs``: a dict-like view of the current workspace's blobs."""
+
+    def __getitem__(self, name):
+        return FetchBlob(name)
+
+    def __setitem__(self, name, value):
+        FeedBlob(name, value)
+
+    def __delitem__(self, name):
+        if not RemoveBlob(name):
+            raise KeyError(name)
+
+    def __contains__(self, name):
+        return HasBlob(name)
+
+    def __len__(self):
+        return len(Blobs())
+
+    def __iter__(self):
+        return iter(Blobs())
+
+    def keys(self):
+        return Blobs()
+
+
+blobs = _BlobsDict()
+
+
+# -- nets, ops, plans -----------------------------------------------------------------------
+
+
+def _net_proto(net):
+    if hasattr(net, "Proto") and callable(net.Proto):
+        net = net.Proto()
+    return net
+
+
+def CreateNet(net, overwrite=False, input_blobs=None):
+    """Instantiates ``net`` (core.Net or NetDef) in the current workspace. Returns True."""
+    ws = _ws()
+    for b in input_blobs or []:
+        ws.create_blob(StringifyBlobName(b))
+    ws.create_net(StringifyProto(_net_proto(net)), bool(overwrite))
+    return True
+
+
+def Nets():
+    return _ws().nets()
+
+
+def RunNet(name, num_iter=1, allow_fail=False):
+    """Runs a created net ``num_iter`` times. Returns True (False on failure with allow_fail)."""
+    try:
+        _ws().run_net(StringifyNetName(name), int(num_iter))
+    except RuntimeError:
+        if allow_fail:
+            return False
+        raise
+    return True
+
+
+def RunNetOnce(net):
+    _ws().run_net_once(StringifyProto(_net_proto(net)))
+    return True
+
+
+def RunOperatorOnce(operator):
+    _ws().run_operator_once(StringifyProto(operator))
+    return True
+
+
+def RunOperatorsOnce(operators):
+    for op in operators:
+        RunOperatorOnce(op)
+    return True
+
+
+def RunPlan(plan_or_step):
+    """Runs a plan (core.Plan, PlanDef, or a core.ExecutionStep wrapped into a plan)."""
+    try:
+        from ferrocaffe import core
+    except ImportError:  # pragma: no cover - core always ships with the package
+        core = None
+    if core is not None and isinstance(plan_or_step, getattr(core, "ExecutionStep", ())):
+        plan_or_step = core.Plan(plan_or_step)
+    _ws().run_plan(StringifyProto(plan_or_step))
+    return True
+
+
+def RegisteredOperators():
+    """Every operator type the engine knows (with a kernel or a schema), sorted."""
+    return sorted(set(_native.kernel_types()) | set(_native.registered_operators()))

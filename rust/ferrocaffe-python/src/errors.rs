@@ -1,6 +1,8 @@
 //! The one place where `ferrocaffe::Error` becomes a Python exception.
 
-use pyo3::exceptions::{PyKeyError, PyValueError};
+use pyo3::exceptions::{
+    PyAssertionError, PyException, PyKeyError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 
 pyo3::create_exception!(
@@ -26,7 +28,31 @@ pub fn to_py(err: ferrocaffe::Error) -> PyErr {
         E::InvalidArgument(_) => PyValueError::new_err(msg),
         E::NotFound(_) => PyKeyError::new_err(msg),
         E::IllegalGraphTransform(_) => IllegalGraphTransformError::new_err(msg),
+        E::Runtime(_) => PyRuntimeError::new_err(msg),
+        E::Assertion(_) => PyAssertionError::new_err(msg),
+        E::Type(_) => PyTypeError::new_err(msg),
+        // Caffe2 raised a bare `Exception` when a gradient maker failed.
+        E::GradientMaker { .. } => PyException::new_err(msg),
+        // An error of Python code called back: a RuntimeError naming what the engine was
+        // doing, caused by the original exception.
+        E::External { source, .. } => {
+            let e = PyRuntimeError::new_err(msg);
+            if let Ok(cause) = source.downcast::<PyErr>() {
+                Python::attach(|py| e.set_cause(py, Some(*cause)));
+            }
+            e
+        }
     }
+}
+
+/// A panic caught at the boundary (a bug, never user input): a RuntimeError saying so.
+pub fn panic_to_py(payload: Box<dyn std::any::Any + Send>) -> PyErr {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    PyRuntimeError::new_err(format!("internal error (panic): {what}"))
 }
 
 /// Extension trait: `result.py()?` converts a core `Result` into a `PyResult`.

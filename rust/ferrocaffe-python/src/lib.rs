@@ -4,10 +4,12 @@
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+mod autodiff;
 mod errors;
 mod graph;
 
 use errors::IntoPy;
+mod workspace;
 
 /// The encoded `FileDescriptorSet` of caffe2.proto (used to build `caffe2_pb2`).
 #[pyfunction]
@@ -45,5 +47,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(message_names, m)?)?;
     errors::register(m)?;
     graph::register(m)?;
+    autodiff::register(m)?;
+    workspace::register(m)?;
     Ok(())
 }

@@ -16,7 +16,12 @@
 pub mod autodiff;
 pub mod error;
 pub mod graph;
+pub mod kernels;
+pub mod net;
 pub mod ops;
+pub mod plan;
 pub mod proto;
+pub mod tensor;
+pub mod workspace;
 
 pub use error::{Error, Result};

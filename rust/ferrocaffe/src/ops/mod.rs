@@ -1,5 +1,9 @@
 //! Operators: schemas (what each op type accepts) and, with the runtime, kernels.
 
+pub mod args;
+pub mod cpu;
+pub mod operator;
+pub mod registry;
 pub mod schema;
 mod schema_table;
 

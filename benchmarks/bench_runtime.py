@@ -1,0 +1,123 @@
+"""Runtime benchmarks, each against a reference measured in the same run.
+
+    python benchmarks/bench_runtime.py            (build with `maturin develop --release` first)
+
+1. dispatch: per-op overhead of a created net of 1,000 tiny ops (Relu on one float, a chain),
+   from RunNet wall time / ops. Target <= 0.3 us/op.
+2. FC vs numpy: FC (Y = X W^T + b) at 256/512/1024 square, against numpy's `x @ w.T + b` in
+   float32; the ratio numpy_time / fc_time is printed (target >= 0.8).
+3. dag speedup: independent branches of elementwise ops, `dag` (num_workers = cores) vs `simple`.
+"""
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+from ferrocaffe import workspace
+from ferrocaffe.proto import caffe2_pb2
+
+
+def op(op_type, inputs, outputs, **args):
+    o = caffe2_pb2.OperatorDef(type=op_type, input=inputs, output=outputs)
+    for k, v in args.items():
+        a = o.arg.add(name=k)
+        if isinstance(v, float):
+            a.f = v
+        else:
+            a.i = v
+    return o
+
+
+def best_of(fn, repeat=5, number=1):
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        times.append((time.perf_counter() - t0) / number)
+    return min(times)
+
+
+def bench_dispatch(n_ops=1000):
+    workspace.ResetWorkspace()
+    workspace.FeedBlob("x0", np.ones(1, dtype=np.float32))
+    net = caffe2_pb2.NetDef(name="chain")
+    for i in range(n_ops):
+        net.op.append(op("Relu", ["x%d" % i], ["x%d" % (i + 1)]))
+    workspace.CreateNet(net)
+    workspace.RunNet("chain", 10)
+    t = best_of(lambda: workspace.RunNet("chain", 20), repeat=7) / 20
+    per_op_us = t / n_ops * 1e6
+    print("dispatch: %d-op chain of tiny Relu: %.3f us/op (target <= 0.3)" % (n_ops, per_op_us))
+    return per_op_us
+
+
+def bench_fc(sizes=(256, 512, 1024)):
+    out = {}
+    for n in sizes:
+        workspace.ResetWorkspace()
+        rng = np.random.RandomState(0)
+        x = rng.randn(n, n).astype(np.float32)
+        w = rng.randn(n, n).astype(np.float32)
+        b = rng.randn(n).astype(np.float32)
+        for k, v in dict(x=x, w=w, b=b).items():
+            workspace.FeedBlob(k, v)
+        net = caffe2_pb2.NetDef(name="fc", op=[op("FC", ["x", "w", "b"], ["y"])])
+        workspace.CreateNet(net)
+        workspace.RunNet("fc")
+        np.testing.assert_allclose(workspace.FetchBlob("y"), x @ w.T + b, rtol=1e-3, atol=1e-2)
+        number = max(1, int(2e8 / n**3))
+        # Interleaved, lowest of many: the two are measured under the same machine load.
+        t_fc, t_np = float("inf"), float("inf")
+        for _ in range(15):
+            t_fc = min(t_fc, best_of(lambda number=number: workspace.RunNet("fc", number), 1) / number)
+            t_np = min(t_np, best_of(lambda x=x, w=w, b=b: x @ w.T + b, 1, number=number))
+        ratio = t_np / t_fc
+        gflops = 2 * n**3 / t_fc / 1e9
+        print(
+            "FC %4d: ferrocaffe %.3f ms (%.1f GFLOP/s), numpy %.3f ms, ratio numpy/fc = %.2f "
+            "(target >= 0.8)" % (n, t_fc * 1e3, gflops, t_np * 1e3, ratio)
+        )
+        out[n] = ratio
+    return out
+
+
+def bench_dag(branches=None, depth=20, size=256):
+    branches = branches or max(2, os.cpu_count() or 2)
+    results = {}
+    for net_type in ("simple", "dag"):
+        workspace.ResetWorkspace()
+        workspace.FeedBlob("x", np.random.RandomState(0).rand(size, size).astype(np.float32))
+        net = caffe2_pb2.NetDef(name="branches", type=net_type, num_workers=branches)
+        for i in range(branches):
+            prev = "x"
+            for d in range(depth):
+                cur = "b%d_%d" % (i, d)
+                net.op.append(op("Tanh" if d % 2 else "Sigmoid", [prev], [cur]))
+                prev = cur
+        workspace.CreateNet(net)
+        workspace.RunNet("branches", 2)
+        results[net_type] = best_of(lambda: workspace.RunNet("branches", 5), repeat=5) / 5
+    speedup = results["simple"] / results["dag"]
+    print(
+        "dag: %d independent branches x %d ops on %dx%d: simple %.2f ms, dag %.2f ms, "
+        "speedup %.2fx (cores: %s)"
+        % (branches, depth, size, size, results["simple"] * 1e3, results["dag"] * 1e3, speedup,
+           os.cpu_count())
+    )
+    return speedup
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
+    args = ap.parse_args()
+    bench_dispatch(200 if args.quick else 1000)
+    bench_fc((64, 128) if args.quick else (256, 512, 1024))
+    bench_dag(depth=4 if args.quick else 20, size=64 if args.quick else 256)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,302 @@
+//! `_native.Workspace`: a handle on a Rust workspace. numpy ↔ Tensor conversion (zero-copy
+//! where the layout allows), protobuf bytes in, and nothing else: every run releases the GIL
+//! and no panic crosses into Python.
+
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use numpy::npyffi::{self, flags, npy_intp, NpyTypes, PY_ARRAY_API};
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+
+use ferrocaffe::proto::{self, NetDef, OperatorDef, PlanDef};
+use ferrocaffe::tensor::{DataType, Snapshot, Tensor};
+use ferrocaffe::workspace::{Blob, Workspace as CoreWorkspace};
+
+use crate::errors::{panic_to_py, IntoPy};
+
+/// Runs `f` without the GIL, turning a panic into a RuntimeError.
+fn guarded<T: Send>(
+    py: Python<'_>,
+    f: impl FnOnce() -> ferrocaffe::Result<T> + Send,
+) -> PyResult<T> {
+    let r = py.detach(|| catch_unwind(AssertUnwindSafe(f)));
+    match r {
+        Ok(res) => res.py(),
+        Err(p) => Err(panic_to_py(p)),
+    }
+}
+
+/// Keeps a snapshot alive as the base object of a zero-copy numpy array.
+#[pyclass(module = "ferrocaffe._native", frozen)]
+struct TensorBuffer {
+    _snap: Snapshot,
+}
+
+/// Keeps a fed numpy array alive while a tensor reads its memory.
+struct ArrayOwner(#[allow(dead_code)] Py<PyAny>);
+
+fn dtype_of(d: &Bound<'_, PyArrayDescr>) -> Option<DataType> {
+    Some(match (d.kind(), d.itemsize()) {
+        (b'f', 2) => DataType::Float16,
+        (b'f', 4) => DataType::Float,
+        (b'f', 8) => DataType::Double,
+        (b'i', 1) => DataType::Int8,
+        (b'i', 2) => DataType::Int16,
+        (b'i', 4) => DataType::Int32,
+        (b'i', 8) => DataType::Int64,
+        (b'u', 1) => DataType::Uint8,
+        (b'u', 2) => DataType::Uint16,
+        (b'b', 1) => DataType::Bool,
+        _ => return None,
+    })
+}
+
+fn array_to_tensor(arr: &Bound<'_, PyUntypedArray>) -> PyResult<Tensor> {
+    let descr = arr.dtype();
+    let dt = dtype_of(&descr).ok_or_else(|| {
+        PyTypeError::new_err(format!("cannot feed a numpy array of dtype {descr}"))
+    })?;
+    if !arr.is_c_contiguous() || !arr.is_aligned() || descr.is_native_byteorder() == Some(false) {
+        return Err(PyTypeError::new_err(
+            "internal: feed needs a C-contiguous, aligned, native-order array",
+        ));
+    }
+    let dims: Vec<usize> = arr.shape().to_vec();
+    if dt == DataType::Bool {
+        // numpy can hold bytes other than 0/1 in a bool array (views of uint8); those are not
+        // valid Rust bools, so such arrays are copied and normalised.
+        let n: usize = dims.iter().product();
+        // SAFETY: a C-contiguous bool array has n readable bytes at `data`.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((*arr.as_array_ptr()).fields.data as *const u8, n)
+        };
+        if bytes.iter().any(|&b| b > 1) {
+            let v: Vec<bool> = bytes.iter().map(|&b| b != 0).collect();
+            return Tensor::from_vec(&dims, v).py();
+        }
+    }
+    // SAFETY: the array object stays alive in the owner; numpy guarantees `data` is valid for
+    // the contiguous, aligned extent checked above.
+    unsafe {
+        let data = (*arr.as_array_ptr()).fields.data as *const u8;
+        let owner = ArrayOwner(arr.clone().into_any().unbind());
+        Tensor::from_external(dt, &dims, data, Box::new(owner)).py()
+    }
+}
+
+fn snapshot_to_array<'py>(py: Python<'py>, snap: Snapshot) -> PyResult<Bound<'py, PyAny>> {
+    if snap.dtype() == DataType::String {
+        let items: Vec<Bound<'py, PyBytes>> =
+            snap.strings().iter().map(|s| PyBytes::new(py, s)).collect();
+        let list = PyList::new(py, items)?;
+        let np = py.import("numpy")?;
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs.set_item("dtype", "object")?;
+        let flat = np.getattr("array")?.call((list,), Some(&kwargs))?;
+        let dims: Vec<usize> = snap.dims().to_vec();
+        return flat.call_method1("reshape", (dims,));
+    }
+    let descr = PyArrayDescr::new(py, snap.dtype().name())?;
+    let mut dims: Vec<npy_intp> = snap.dims().iter().map(|&d| d as npy_intp).collect();
+    let nd = dims.len() as i32;
+    let data = snap.as_ptr() as *mut c_void;
+    let owner = Bound::new(py, TensorBuffer { _snap: snap })?;
+    // SAFETY: standard numpy C-API use: a new read-only C-contiguous array over `data`, which the
+    // base object (holding the snapshot) keeps alive and which nobody writes (copy-on-write).
+    unsafe {
+        let ty = npyffi::get_type_object(py, NpyTypes::PyArray_Type);
+        let ptr = PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            ty,
+            descr.into_dtype_ptr(),
+            nd,
+            dims.as_mut_ptr(),
+            std::ptr::null_mut(),
+            data,
+            flags::NPY_ARRAY_C_CONTIGUOUS | flags::NPY_ARRAY_ALIGNED,
+            std::ptr::null_mut(),
+        );
+        if ptr.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        let arr = Bound::from_owned_ptr(py, ptr);
+        if PY_ARRAY_API.PyArray_SetBaseObject(
+            py,
+            ptr as *mut npyffi::PyArrayObject,
+            owner.into_ptr(),
+        ) < 0
+        {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(arr)
+    }
+}
+
+/// A Rust workspace.
+#[pyclass(module = "ferrocaffe._native", name = "Workspace", frozen)]
+pub struct PyWorkspace {
+    ws: Arc<CoreWorkspace>,
+}
+
+#[pymethods]
+impl PyWorkspace {
+    #[new]
+    fn new() -> Self {
+        PyWorkspace {
+            ws: CoreWorkspace::new(),
+        }
+    }
+
+    /// Feeds a numeric numpy array (C-contiguous, aligned, native byte order) without copying.
+    fn feed(&self, name: &str, array: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
+        let t = array_to_tensor(array)?;
+        self.ws.feed(name, t);
+        Ok(())
+    }
+
+    /// Feeds a string tensor of the given shape.
+    fn feed_strings(&self, name: &str, dims: Vec<usize>, values: Vec<Vec<u8>>) -> PyResult<()> {
+        let t = Tensor::from_strings(&dims, values).py()?;
+        self.ws.feed(name, t);
+        Ok(())
+    }
+
+    /// Stores raw bytes (a `std::string` blob).
+    fn feed_bytes(&self, name: &str, value: Vec<u8>) {
+        *self.ws.create_blob(name).write() = Blob::Bytes(value);
+    }
+
+    /// The value of a blob: a read-only numpy array sharing the tensor's memory, an object
+    /// array of bytes for strings, bytes for a `std::string` blob, and for anything else the
+    /// bytes `"<name>, a C++ native class of type <type>."` as Caffe2 returned.
+    fn fetch<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        let h = self.ws.blob(name).py()?;
+        let snap = {
+            let b = h.read();
+            match &*b {
+                Blob::Tensor(t) => t.snapshot(),
+                Blob::Bytes(v) => return Ok(PyBytes::new(py, v).into_any()),
+                other => {
+                    // As Caffe2: a description of what the blob holds.
+                    let desc = format!(
+                        "{name}, a C++ native class of type {}.",
+                        other.caffe2_type_name()
+                    );
+                    return Ok(PyBytes::new(py, desc.as_bytes()).into_any());
+                }
+            }
+        };
+        snapshot_to_array(py, snap)
+    }
+
+    /// What blob `name` holds (`"Tensor"`, `"nothing"`, ...).
+    fn blob_type(&self, name: &str) -> PyResult<String> {
+        let h = self.ws.blob(name).py()?;
+        let b = h.read();
+        Ok(b.type_name().to_string())
+    }
+
+    fn has_blob(&self, name: &str) -> bool {
+        self.ws.has_blob(name)
+    }
+
+    fn remove_blob(&self, name: &str) -> bool {
+        self.ws.remove_blob(name)
+    }
+
+    /// Every visible blob name, sorted.
+    fn blobs(&self) -> Vec<String> {
+        self.ws.blob_names()
+    }
+
+    /// Creates an empty blob if none of that name is visible.
+    fn create_blob(&self, name: &str) {
+        self.ws.create_blob(name);
+    }
+
+    /// Instantiates a serialized NetDef; returns its name.
+    fn create_net(&self, py: Python<'_>, net: &[u8], overwrite: bool) -> PyResult<String> {
+        let def: NetDef = proto::decode(net).py()?;
+        let ws = self.ws.clone();
+        guarded(py, move || ws.create_net(&def, overwrite).map(|_| ()))?;
+        Ok(String::new())
+    }
+
+    #[pyo3(signature = (name, num_iter=1))]
+    fn run_net(&self, py: Python<'_>, name: &str, num_iter: usize) -> PyResult<()> {
+        let ws = self.ws.clone();
+        let name = name.to_string();
+        guarded(py, move || ws.run_net(&name, num_iter))
+    }
+
+    fn run_net_once(&self, py: Python<'_>, net: &[u8]) -> PyResult<()> {
+        let def: NetDef = proto::decode(net).py()?;
+        let ws = self.ws.clone();
+        guarded(py, move || ws.run_net_once(&def))
+    }
+
+    fn run_operator_once(&self, py: Python<'_>, op: &[u8]) -> PyResult<()> {
+        let def: OperatorDef = proto::decode(op).py()?;
+        let ws = self.ws.clone();
+        guarded(py, move || ws.run_operator_once(&def))
+    }
+
+    fn run_plan(&self, py: Python<'_>, plan: &[u8]) -> PyResult<()> {
+        let def: PlanDef = proto::decode(plan).py()?;
+        let ws = self.ws.clone();
+        guarded(py, move || ws.run_plan(&def))
+    }
+
+    /// Names of the created nets, sorted.
+    fn nets(&self) -> Vec<String> {
+        self.ws.net_names()
+    }
+
+    fn has_net(&self, name: &str) -> bool {
+        self.ws.get_net(name).is_some()
+    }
+
+    fn delete_net(&self, name: &str) -> bool {
+        self.ws.delete_net(name)
+    }
+
+    /// Forgets every blob and net.
+    fn reset(&self, py: Python<'_>) -> PyResult<()> {
+        let ws = self.ws.clone();
+        guarded(py, move || {
+            ws.reset();
+            Ok(())
+        })
+    }
+
+    #[getter]
+    fn get_root_folder(&self) -> String {
+        self.ws.root_folder()
+    }
+
+    #[setter]
+    fn set_root_folder(&self, root: &str) {
+        self.ws.set_root_folder(root);
+    }
+}
+
+/// Op types that have a CPU (or other) kernel, sorted.
+#[pyfunction]
+fn kernel_types() -> Vec<String> {
+    ferrocaffe::kernels::registry()
+        .types()
+        .into_iter()
+        .map(str::to_string)
+        .collect()
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyWorkspace>()?;
+    m.add_class::<TensorBuffer>()?;
+    m.add_function(wrap_pyfunction!(kernel_types, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,284 @@
+//! Nets: operator instances with their blob handles resolved, run by an executor.
+//!
+//! * `simple` (and an empty type): ops in order on the calling thread ([`simple`]).
+//! * `dag`, `async_dag`, `async_scheduling`, `prof_dag`, `async_simple`: ops whose dependencies
+//!   are done run on a worker pool of `num_workers` threads ([`dag`]); results equal `simple`.
+//!
+//! Ops that run nested nets (`Do`, `If`, `While`) live in [`control`] and register themselves
+//! in the global registry ([`crate::kernels`]).
+
+pub mod control;
+pub mod dag;
+pub mod simple;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Weak};
+
+use smallvec::SmallVec;
+
+use crate::error::{Error, Result};
+use crate::ops::operator::{op_error, InSlot, OpContext, OpInit, Operator};
+use crate::proto::{NetDef, OperatorDef};
+use crate::workspace::{BlobHandle, Workspace};
+
+#[derive(Clone, Copy)]
+enum InKind {
+    Lock,
+    Output(usize),
+    Input(usize),
+}
+
+/// One instantiated operator with its blobs.
+pub struct OpInstance {
+    def: OperatorDef,
+    op: Box<dyn Operator>,
+    inputs: Vec<BlobHandle>,
+    outputs: Vec<BlobHandle>,
+    /// Blobs named in `control_input` that existed at instantiation (ordering only).
+    control: Vec<BlobHandle>,
+    in_kinds: Vec<InKind>,
+    out_first: Vec<bool>,
+    /// (is_output, index) of each distinct blob, in address order.
+    lock_order: Vec<(bool, usize)>,
+    locks: bool,
+}
+
+impl OpInstance {
+    /// Instantiates `def` in `ws`: checks its schema, resolves its inputs (which must exist),
+    /// creates its outputs and calls its factory.
+    pub fn new(def: &OperatorDef, ws: &Arc<Workspace>) -> Result<OpInstance> {
+        let registry = crate::kernels::registry();
+        let init = OpInit::new(def, ws);
+        let op_type = def.r#type();
+        let factory = registry.resolve(def)?;
+        let mut inputs = Vec::with_capacity(def.input.len());
+        for name in &def.input {
+            match ws.get_blob(name) {
+                Some(h) => inputs.push(h),
+                None => {
+                    return Err(Error::Runtime(format!(
+                        "op {op_type}: Encountered a non-existing input blob: {name}"
+                    )))
+                }
+            }
+        }
+        // As in Caffe2: schema check, inputs must exist, outputs are created, then the factory.
+        let outputs: Vec<BlobHandle> = def.output.iter().map(|n| ws.create_blob(n)).collect();
+        let op = factory(&init)?;
+        let mut inst = Self::assemble(def.clone(), op, inputs, outputs);
+        inst.control = def
+            .control_input
+            .iter()
+            .filter_map(|n| ws.get_blob(n))
+            .collect();
+        Ok(inst)
+    }
+
+    fn assemble(
+        def: OperatorDef,
+        op: Box<dyn Operator>,
+        inputs: Vec<BlobHandle>,
+        outputs: Vec<BlobHandle>,
+    ) -> OpInstance {
+        let locks = op.locks_blobs();
+        let out_first: Vec<bool> = (0..outputs.len())
+            .map(|j| !outputs[..j].iter().any(|o| Arc::ptr_eq(o, &outputs[j])))
+            .collect();
+        let in_kinds: Vec<InKind> = (0..inputs.len())
+            .map(|i| {
+                if let Some(j) = outputs.iter().position(|o| Arc::ptr_eq(o, &inputs[i])) {
+                    InKind::Output(j)
+                } else if let Some(e) = inputs[..i].iter().position(|x| Arc::ptr_eq(x, &inputs[i]))
+                {
+                    InKind::Input(e)
+                } else {
+                    InKind::Lock
+                }
+            })
+            .collect();
+        let mut lock_order: Vec<(bool, usize)> = Vec::new();
+        for (j, first) in out_first.iter().enumerate() {
+            if *first {
+                lock_order.push((true, j));
+            }
+        }
+        for (i, k) in in_kinds.iter().enumerate() {
+            if matches!(k, InKind::Lock) {
+                lock_order.push((false, i));
+            }
+        }
+        let addr = |&(is_out, i): &(bool, usize)| {
+            let h = if is_out { &outputs[i] } else { &inputs[i] };
+            Arc::as_ptr(h) as usize
+        };
+        lock_order.sort_by_key(addr);
+        OpInstance {
+            def,
+            op,
+            inputs,
+            outputs,
+            control: Vec::new(),
+            in_kinds,
+            out_first,
+            lock_order,
+            locks,
+        }
+    }
+
+    /// The definition.
+    pub fn def(&self) -> &OperatorDef {
+        &self.def
+    }
+
+    /// Input handles.
+    pub fn inputs(&self) -> &[BlobHandle] {
+        &self.inputs
+    }
+
+    /// Output handles.
+    pub fn outputs(&self) -> &[BlobHandle] {
+        &self.outputs
+    }
+
+    /// Handles of the `control_input` blobs (read for ordering, never locked).
+    pub fn control_inputs(&self) -> &[BlobHandle] {
+        &self.control
+    }
+
+    /// Runs the op once with its blobs locked; errors (and panics) come back naming the op.
+    pub fn run(&mut self, ws: &Arc<Workspace>) -> Result<()> {
+        let mut ins: SmallVec<[InSlot<'_>; 4]> = SmallVec::with_capacity(self.inputs.len());
+        let mut outs = SmallVec::with_capacity(self.outputs.len());
+        if self.locks {
+            for k in &self.in_kinds {
+                ins.push(match *k {
+                    InKind::Lock => InSlot::Unlocked,
+                    InKind::Output(j) => InSlot::Output(j),
+                    InKind::Input(e) => InSlot::Input(e),
+                });
+            }
+            outs.resize_with(self.outputs.len(), || None);
+            for &(is_out, i) in &self.lock_order {
+                if is_out {
+                    outs[i] = Some(self.outputs[i].write());
+                } else {
+                    ins[i] = InSlot::Read(self.inputs[i].read());
+                }
+            }
+        } else {
+            ins.resize_with(self.inputs.len(), || InSlot::Unlocked);
+            outs.resize_with(self.outputs.len(), || None);
+        }
+        debug_assert_eq!(self.out_first.len(), self.outputs.len());
+        let mut ctx = OpContext {
+            ws,
+            def: &self.def,
+            in_handles: &self.inputs,
+            out_handles: &self.outputs,
+            ins,
+            outs,
+        };
+        let op = &mut self.op;
+        let result = catch_unwind(AssertUnwindSafe(|| op.run(&mut ctx)));
+        drop(ctx);
+        match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(op_error(&self.def, e)),
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(op_error(&self.def, format!("kernel panicked: {what}")))
+            }
+        }
+    }
+}
+
+/// Which executor a net type uses.
+fn is_dag(net_type: &str) -> Result<bool> {
+    match net_type {
+        "" | "simple" => Ok(false),
+        "dag" | "async_dag" | "async_scheduling" | "prof_dag" | "async_simple" | "parallel" => {
+            Ok(true)
+        }
+        other => Err(Error::Runtime(format!(
+            "Cannot find net type '{other}' (known: simple, dag, async_dag, async_scheduling, prof_dag, async_simple)"
+        ))),
+    }
+}
+
+enum Executor {
+    Simple(simple::SimpleNet),
+    Dag(dag::DagNet),
+}
+
+/// An instantiated net.
+pub struct Net {
+    name: String,
+    ws: Weak<Workspace>,
+    exec: Executor,
+}
+
+/// Instantiates the ops of `def` in order (the net's device option applies to ops without one).
+pub fn instantiate_ops(def: &NetDef, ws: &Arc<Workspace>) -> Result<Vec<OpInstance>> {
+    let mut ops = Vec::with_capacity(def.op.len());
+    for op in &def.op {
+        let inst = match (&def.device_option, &op.device_option) {
+            (Some(d), None) => {
+                let mut o = op.clone();
+                o.device_option = Some(d.clone());
+                OpInstance::new(&o, ws)?
+            }
+            _ => OpInstance::new(op, ws)?,
+        };
+        ops.push(inst);
+    }
+    Ok(ops)
+}
+
+impl Net {
+    /// Instantiates `def` in `ws`.
+    pub fn new(def: &NetDef, ws: &Arc<Workspace>) -> Result<Net> {
+        let dag = is_dag(def.r#type())?;
+        let ops = instantiate_ops(def, ws)?;
+        let exec = if dag {
+            Executor::Dag(dag::DagNet::new(ops, def.num_workers()))
+        } else {
+            Executor::Simple(simple::SimpleNet::new(ops))
+        };
+        Ok(Net {
+            name: def.name().to_string(),
+            ws: Arc::downgrade(ws),
+            exec,
+        })
+    }
+
+    /// The net's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Number of ops.
+    pub fn num_ops(&self) -> usize {
+        match &self.exec {
+            Executor::Simple(s) => s.ops.len(),
+            Executor::Dag(d) => d.num_ops(),
+        }
+    }
+
+    /// Runs every op once.
+    pub fn run(&mut self) -> Result<()> {
+        let ws = self.ws.upgrade().ok_or_else(|| {
+            Error::Runtime(format!(
+                "the workspace of net {} no longer exists",
+                self.name
+            ))
+        })?;
+        match &mut self.exec {
+            Executor::Simple(s) => s.run(&ws),
+            Executor::Dag(d) => d.run(&ws),
+        }
+    }
+}

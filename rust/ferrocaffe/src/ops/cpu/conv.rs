@@ -1,0 +1,438 @@
+//! 2-d convolution (Conv, with groups, strides, padding, dilation, NCHW or NHWC) and its
+//! gradient (ConvGradient), by im2col + GEMM.
+//!
+//! W is `[M, C/G, kH, kW]` (NCHW) or `[M, kH, kW, C/G]` (NHWC); the optional bias has M values.
+
+use super::conv_args::{Geometry, Order};
+use super::fc::sgemm;
+use crate::error::{Error, Result};
+use crate::ops::operator::{OpContext, OpInit, Operator};
+use crate::ops::registry::Registry;
+
+/// Registers the family.
+pub fn register(r: &mut Registry) {
+    r.cpu("Conv", |i| create(i, false));
+    r.cpu("Conv2D", |i| create(i, false));
+    r.cpu("ConvGradient", |i| create(i, true));
+    r.cpu("Conv2DGradient", |i| create(i, true));
+}
+
+fn rt(msg: impl std::fmt::Display) -> Error {
+    Error::Runtime(msg.to_string())
+}
+
+/// Sizes of one convolution.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    m: usize,
+    kh: usize,
+    kw: usize,
+    oh: usize,
+    ow: usize,
+    group: usize,
+}
+
+impl Dims {
+    fn cg(&self) -> usize {
+        self.c / self.group
+    }
+    fn mg(&self) -> usize {
+        self.m / self.group
+    }
+    /// Rows of the column matrix (per group).
+    fn kdim(&self) -> usize {
+        self.cg() * self.kh * self.kw
+    }
+    fn spatial_out(&self) -> usize {
+        self.oh * self.ow
+    }
+}
+
+struct Conv {
+    g: Geometry,
+    group: usize,
+    gradient: bool,
+    no_bias: bool,
+}
+
+impl Conv {
+    fn dims(&self, xd: &[usize], wd: &[usize]) -> Result<Dims> {
+        let (n, c, h, w) = self.g.nchw(xd)?;
+        if wd.len() != 4 {
+            return Err(rt(format!("filter must be 4-d, got {wd:?}")));
+        }
+        let (m, wc, kh, kw) = match self.g.order {
+            Order::Nchw => (wd[0], wd[1], wd[2], wd[3]),
+            Order::Nhwc => (wd[0], wd[3], wd[1], wd[2]),
+        };
+        if c != wc * self.group {
+            return Err(rt(format!(
+                "Convolution op: input channels does not match: # of input channels {c} is not equal to kernel channels * group: {wc}*{}",
+                self.group
+            )));
+        }
+        if m % self.group != 0 {
+            return Err(rt(format!(
+                "The number of output channels {m} is not divisible by group {}",
+                self.group
+            )));
+        }
+        for (i, (&k, &gk)) in [kh, kw].iter().zip(&self.g.kernel).enumerate() {
+            if gk != 0 && gk != k {
+                return Err(rt(format!(
+                    "kernel argument {gk} disagrees with filter dim {i}: {k}"
+                )));
+            }
+        }
+        let (oh, ow) = self.g.out_size(h, w, kh, kw)?;
+        Ok(Dims {
+            n,
+            c,
+            h,
+            w,
+            m,
+            kh,
+            kw,
+            oh,
+            ow,
+            group: self.group,
+        })
+    }
+
+    /// Column matrix of image `img`, group `gi`: NCHW `[kdim, oh*ow]`, NHWC `[oh*ow, kdim]`.
+    fn im2col(&self, d: &Dims, x: &[f32], img: usize, gi: usize, col: &mut [f32]) {
+        let g = &self.g;
+        let (sh, sw) = (g.stride[0], g.stride[1]);
+        let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
+        let (dh, dw) = (g.dilation[0], g.dilation[1]);
+        let cg = d.cg();
+        match g.order {
+            Order::Nchw => {
+                let base = (img * d.c + gi * cg) * d.h * d.w;
+                let so = d.spatial_out();
+                for c in 0..cg {
+                    for ki in 0..d.kh {
+                        for kj in 0..d.kw {
+                            let row = ((c * d.kh + ki) * d.kw + kj) * so;
+                            for oy in 0..d.oh {
+                                let iy = (oy * sh + ki * dh) as isize - pt;
+                                let dst = &mut col[row + oy * d.ow..row + (oy + 1) * d.ow];
+                                if iy < 0 || iy >= d.h as isize {
+                                    dst.fill(0.0);
+                                    continue;
+                                }
+                                let src = base + (c * d.h + iy as usize) * d.w;
+                                for (ox, o) in dst.iter_mut().enumerate() {
+                                    let ix = (ox * sw + kj * dw) as isize - pl;
+                                    *o = if ix < 0 || ix >= d.w as isize {
+                                        0.0
+                                    } else {
+                                        x[src + ix as usize]
+                                    };
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            Order::Nhwc => {
+                let kd = d.kdim();
+                for oy in 0..d.oh {
+                    for ox in 0..d.ow {
+                        let p = oy * d.ow + ox;
+                        for ki in 0..d.kh {
+                            let iy = (oy * sh + ki * dh) as isize - pt;
+                            for kj in 0..d.kw {
+                                let ix = (ox * sw + kj * dw) as isize - pl;
+                                let dst = &mut col[p * kd + (ki * d.kw + kj) * cg..][..cg];
+                                if iy < 0 || iy >= d.h as isize || ix < 0 || ix >= d.w as isize {
+                                    dst.fill(0.0);
+                                } else {
+                                    let src = ((img * d.h + iy as usize) * d.w + ix as usize) * d.c
+                                        + gi * cg;
+                                    dst.copy_from_slice(&x[src..src + cg]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Adds the column matrix back into image `img`, group `gi` of `dx` (inverse of im2col).
+    fn col2im(&self, d: &Dims, col: &[f32], img: usize, gi: usize, dx: &mut [f32]) {
+        let g = &self.g;
+        let (sh, sw) = (g.stride[0], g.stride[1]);
+        let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
+        let (dh, dw) = (g.dilation[0], g.dilation[1]);
+        let cg = d.cg();
+        match g.order {
+            Order::Nchw => {
+                let base = (img * d.c + gi * cg) * d.h * d.w;
+                let so = d.spatial_out();
+                for c in 0..cg {
+                    for ki in 0..d.kh {
+                        for kj in 0..d.kw {
+                            let row = ((c * d.kh + ki) * d.kw + kj) * so;
+                            for oy in 0..d.oh {
+                                let iy = (oy * sh + ki * dh) as isize - pt;
+                                if iy < 0 || iy >= d.h as isize {
+                                    continue;
+                                }
+                                for ox in 0..d.ow {
+                                    let ix = (ox * sw + kj * dw) as isize - pl;
+                                    if ix >= 0 && ix < d.w as isize {
+                                        dx[base + (c * d.h + iy as usize) * d.w + ix as usize] +=
+                                            col[row + oy * d.ow + ox];
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            Order::Nhwc => {
+                let kd = d.kdim();
+                for oy in 0..d.oh {
+                    for ox in 0..d.ow {
+                        let p = oy * d.ow + ox;
+                        for ki in 0..d.kh {
+                            let iy = (oy * sh + ki * dh) as isize - pt;
+                            for kj in 0..d.kw {
+                                let ix = (ox * sw + kj * dw) as isize - pl;
+                                if iy < 0 || iy >= d.h as isize || ix < 0 || ix >= d.w as isize {
+                                    continue;
+                                }
+                                let src = &col[p * kd + (ki * d.kw + kj) * cg..][..cg];
+                                let dst =
+                                    ((img * d.h + iy as usize) * d.w + ix as usize) * d.c + gi * cg;
+                                for (o, v) in dx[dst..dst + cg].iter_mut().zip(src) {
+                                    *o += v;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn forward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let (ins, mut outs) = ctx.split();
+        let x = ins.tensor(0)?;
+        let w = ins.tensor(1)?;
+        let d = self.dims(x.dims(), w.dims())?;
+        let bias = if ins.len() > 2 {
+            let b = ins.tensor(2)?.as_slice::<f32>()?;
+            if b.len() != d.m {
+                return Err(rt(format!("bias has {} values, expected {}", b.len(), d.m)));
+            }
+            Some(b)
+        } else {
+            None
+        };
+        let (xs, ws) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
+        let y_dims = self.g.dims(d.n, d.m, d.oh, d.ow);
+        let y = outs.tensor(0)?.ensure::<f32>(&y_dims);
+        let (kd, so, mg) = (d.kdim(), d.spatial_out(), d.mg());
+        let mut col = vec![0f32; kd * so];
+        let mut tmp = if self.g.order == Order::Nhwc && d.group > 1 {
+            vec![0f32; so * mg]
+        } else {
+            Vec::new()
+        };
+        let img_out = d.m * so;
+        for img in 0..d.n {
+            let yi = &mut y[img * img_out..(img + 1) * img_out];
+            for gi in 0..d.group {
+                let wg = &ws[gi * mg * kd..(gi + 1) * mg * kd];
+                let one_by_one = self.g.order == Order::Nchw
+                    && d.kh == 1
+                    && d.kw == 1
+                    && self.g.stride == [1, 1]
+                    && self.g.pad == [0, 0, 0, 0];
+                match self.g.order {
+                    Order::Nchw => {
+                        let dst = &mut yi[gi * mg * so..(gi + 1) * mg * so];
+                        if one_by_one {
+                            let base = (img * d.c + gi * d.cg()) * d.h * d.w;
+                            sgemm(
+                                false,
+                                false,
+                                mg,
+                                so,
+                                kd,
+                                1.0,
+                                wg,
+                                &xs[base..base + kd * so],
+                                0.0,
+                                dst,
+                            );
+                        } else {
+                            self.im2col(&d, xs, img, gi, &mut col);
+                            sgemm(false, false, mg, so, kd, 1.0, wg, &col, 0.0, dst);
+                        }
+                    }
+                    Order::Nhwc => {
+                        self.im2col(&d, xs, img, gi, &mut col);
+                        if d.group == 1 {
+                            sgemm(false, true, so, d.m, kd, 1.0, &col, wg, 0.0, yi);
+                        } else {
+                            sgemm(false, true, so, mg, kd, 1.0, &col, wg, 0.0, &mut tmp);
+                            for p in 0..so {
+                                yi[p * d.m + gi * mg..p * d.m + (gi + 1) * mg]
+                                    .copy_from_slice(&tmp[p * mg..(p + 1) * mg]);
+                            }
+                        }
+                    }
+                }
+            }
+            if let Some(b) = bias {
+                match self.g.order {
+                    Order::Nchw => {
+                        for (m, &bv) in b.iter().enumerate() {
+                            for v in &mut yi[m * so..(m + 1) * so] {
+                                *v += bv;
+                            }
+                        }
+                    }
+                    Order::Nhwc => {
+                        for row in yi.chunks_mut(d.m) {
+                            for (v, &bv) in row.iter_mut().zip(b) {
+                                *v += bv;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Inputs (X, W, dY); outputs (dW, db, dX) or, with no_bias, (dW, dX); dX optional.
+    fn backward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let n_out = ctx.num_outputs();
+        let (ins, mut outs) = ctx.split();
+        let x = ins.tensor(0)?;
+        let w = ins.tensor(1)?;
+        let d = self.dims(x.dims(), w.dims())?;
+        let dy = ins.tensor(2)?;
+        let y_dims = self.g.dims(d.n, d.m, d.oh, d.ow);
+        if dy.dims() != y_dims.as_slice() {
+            return Err(rt(format!(
+                "dY has shape {:?}, expected {y_dims:?}",
+                dy.dims()
+            )));
+        }
+        let (xs, ws, g) = (
+            x.as_slice::<f32>()?,
+            w.as_slice::<f32>()?,
+            dy.as_slice::<f32>()?,
+        );
+        let (kd, so, mg) = (d.kdim(), d.spatial_out(), d.mg());
+        let mut dw = vec![0f32; ws.len()];
+        let mut db = vec![0f32; d.m];
+        let want_dx = n_out > if self.no_bias { 1 } else { 2 };
+        let mut dx = if want_dx {
+            vec![0f32; xs.len()]
+        } else {
+            Vec::new()
+        };
+        let mut col = vec![0f32; kd * so];
+        let mut gg = vec![0f32; so * mg];
+        let img_out = d.m * so;
+        for img in 0..d.n {
+            let gi_all = &g[img * img_out..(img + 1) * img_out];
+            for gi in 0..d.group {
+                // dY of this group as [mg, so] (NCHW) or [so, mg] (NHWC).
+                match self.g.order {
+                    Order::Nchw => gg.copy_from_slice(&gi_all[gi * mg * so..(gi + 1) * mg * so]),
+                    Order::Nhwc => {
+                        for p in 0..so {
+                            gg[p * mg..(p + 1) * mg].copy_from_slice(
+                                &gi_all[p * d.m + gi * mg..p * d.m + (gi + 1) * mg],
+                            );
+                        }
+                    }
+                }
+                self.im2col(&d, xs, img, gi, &mut col);
+                let dwg = &mut dw[gi * mg * kd..(gi + 1) * mg * kd];
+                let wg = &ws[gi * mg * kd..(gi + 1) * mg * kd];
+                match self.g.order {
+                    Order::Nchw => {
+                        sgemm(false, true, mg, kd, so, 1.0, &gg, &col, 1.0, dwg);
+                        if want_dx {
+                            sgemm(true, false, kd, so, mg, 1.0, wg, &gg, 0.0, &mut col);
+                        }
+                    }
+                    Order::Nhwc => {
+                        sgemm(true, false, mg, kd, so, 1.0, &gg, &col, 1.0, dwg);
+                        if want_dx {
+                            sgemm(false, false, so, kd, mg, 1.0, &gg, wg, 0.0, &mut col);
+                        }
+                    }
+                }
+                if want_dx {
+                    self.col2im(&d, &col, img, gi, &mut dx);
+                }
+            }
+            match self.g.order {
+                Order::Nchw => {
+                    for (m, acc) in db.iter_mut().enumerate() {
+                        *acc += gi_all[m * so..(m + 1) * so].iter().sum::<f32>();
+                    }
+                }
+                Order::Nhwc => {
+                    for row in gi_all.chunks(d.m) {
+                        for (acc, v) in db.iter_mut().zip(row) {
+                            *acc += v;
+                        }
+                    }
+                }
+            }
+        }
+        let w_dims = w.dims().to_vec();
+        let x_dims = x.dims().to_vec();
+        outs.tensor(0)?.ensure::<f32>(&w_dims).copy_from_slice(&dw);
+        let mut next = 1;
+        if !self.no_bias {
+            outs.tensor(1)?.ensure::<f32>(&[d.m]).copy_from_slice(&db);
+            next = 2;
+        }
+        if want_dx {
+            outs.tensor(next)?
+                .ensure::<f32>(&x_dims)
+                .copy_from_slice(&dx);
+        }
+        Ok(())
+    }
+}
+
+impl Operator for Conv {
+    fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
+        if self.gradient {
+            self.backward(ctx)
+        } else {
+            self.forward(ctx)
+        }
+    }
+}
+
+fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
+    let g = Geometry::new(init)?;
+    let group = init.args.usize("group", 1)?;
+    if group == 0 {
+        return Err(init.err("group must be positive"));
+    }
+    Ok(Box::new(Conv {
+        g,
+        group,
+        gradient,
+        no_bias: init.args.bool("no_bias", false)?,
+    }))
+}

@@ -1,0 +1,176 @@
+//! The geometry arguments shared by convolution and pooling ops (Caffe2's `ConvPoolOpBase`):
+//! `kernel`/`kernel_h`/`kernel_w`/`kernels`, `stride(s)`, `pad`/`pad_t`/`pad_l`/`pad_b`/`pad_r`/
+//! `pads`, `dilation(s)`, `order`, `global_pooling`, for 2-d spatial data.
+
+use crate::error::{Error, Result};
+use crate::ops::operator::OpInit;
+
+/// Memory layout of image tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// `[N, C, H, W]`
+    Nchw,
+    /// `[N, H, W, C]`
+    Nhwc,
+}
+
+/// 2-d window geometry.
+#[derive(Clone, Debug)]
+pub struct Geometry {
+    /// Kernel (h, w); zero when taken from the input (global pooling, or from W for Conv).
+    pub kernel: [usize; 2],
+    /// Strides (h, w).
+    pub stride: [usize; 2],
+    /// Padding (top, left, bottom, right).
+    pub pad: [usize; 4],
+    /// Dilation (h, w).
+    pub dilation: [usize; 2],
+    /// Layout.
+    pub order: Order,
+    /// Pool over the whole image.
+    pub global: bool,
+}
+
+fn pair(
+    init: &OpInit<'_>,
+    one: &str,
+    h: &str,
+    w: &str,
+    list: &str,
+    default: i64,
+) -> Result<[i64; 2]> {
+    let a = &init.args;
+    let l = a.ints(list);
+    if !l.is_empty() {
+        if l.len() != 2 {
+            return Err(init.err(format!(
+                "{list} must have 2 values (2-d ops only), got {l:?}"
+            )));
+        }
+        return Ok([l[0], l[1]]);
+    }
+    if a.has(h) || a.has(w) {
+        return Ok([a.int(h, default)?, a.int(w, default)?]);
+    }
+    let v = a.int(one, default)?;
+    Ok([v, v])
+}
+
+fn non_negative(init: &OpInit<'_>, what: &str, v: i64) -> Result<usize> {
+    usize::try_from(v).map_err(|_| init.err(format!("{what} must not be negative, got {v}")))
+}
+
+impl Geometry {
+    /// Reads the arguments of `init`.
+    pub fn new(init: &OpInit<'_>) -> Result<Self> {
+        let a = &init.args;
+        let order = match a.string("order", "NCHW")?.as_str() {
+            "NCHW" => Order::Nchw,
+            "NHWC" => Order::Nhwc,
+            other => return Err(init.err(format!("Unknown storage order: {other}"))),
+        };
+        let global = a.bool("global_pooling", false)?;
+        let k = pair(init, "kernel", "kernel_h", "kernel_w", "kernels", 0)?;
+        let s = pair(init, "stride", "stride_h", "stride_w", "strides", 1)?;
+        let d = pair(init, "dilation", "dilation_h", "dilation_w", "dilations", 1)?;
+        let pads = a.ints("pads");
+        let pad = if !pads.is_empty() {
+            if pads.len() != 4 {
+                return Err(init.err(format!("pads must have 4 values, got {pads:?}")));
+            }
+            [pads[0], pads[1], pads[2], pads[3]]
+        } else if ["pad_t", "pad_l", "pad_b", "pad_r"]
+            .iter()
+            .any(|n| a.has(n))
+        {
+            [
+                a.int("pad_t", 0)?,
+                a.int("pad_l", 0)?,
+                a.int("pad_b", 0)?,
+                a.int("pad_r", 0)?,
+            ]
+        } else {
+            let p = a.int("pad", 0)?;
+            [p, p, p, p]
+        };
+        let g = Geometry {
+            kernel: [
+                non_negative(init, "kernel", k[0])?,
+                non_negative(init, "kernel", k[1])?,
+            ],
+            stride: [
+                non_negative(init, "stride", s[0])?,
+                non_negative(init, "stride", s[1])?,
+            ],
+            pad: [
+                non_negative(init, "pad", pad[0])?,
+                non_negative(init, "pad", pad[1])?,
+                non_negative(init, "pad", pad[2])?,
+                non_negative(init, "pad", pad[3])?,
+            ],
+            dilation: [
+                non_negative(init, "dilation", d[0])?,
+                non_negative(init, "dilation", d[1])?,
+            ],
+            order,
+            global,
+        };
+        if g.stride.contains(&0) || g.dilation.contains(&0) {
+            return Err(init.err("stride and dilation must be positive"));
+        }
+        Ok(g)
+    }
+
+    /// `(N, C, H, W)` of an image tensor in this layout.
+    pub fn nchw(&self, dims: &[usize]) -> Result<(usize, usize, usize, usize)> {
+        if dims.len() != 4 {
+            return Err(Error::Runtime(format!(
+                "expected a 4-d image tensor (2-d spatial ops only), got shape {dims:?}"
+            )));
+        }
+        Ok(match self.order {
+            Order::Nchw => (dims[0], dims[1], dims[2], dims[3]),
+            Order::Nhwc => (dims[0], dims[3], dims[1], dims[2]),
+        })
+    }
+
+    /// Output spatial size for input (h, w) and kernel (kh, kw).
+    pub fn out_size(&self, h: usize, w: usize, kh: usize, kw: usize) -> Result<(usize, usize)> {
+        let f = |inp: usize, k: usize, d: usize, p0: usize, p1: usize, s: usize| -> Result<usize> {
+            let dk = d * (k.max(1) - 1) + 1;
+            let padded = inp + p0 + p1;
+            if padded < dk {
+                return Err(Error::Runtime(format!(
+                    "kernel of extent {dk} does not fit the padded input of size {padded}"
+                )));
+            }
+            Ok((padded - dk) / s + 1)
+        };
+        Ok((
+            f(
+                h,
+                kh,
+                self.dilation[0],
+                self.pad[0],
+                self.pad[2],
+                self.stride[0],
+            )?,
+            f(
+                w,
+                kw,
+                self.dilation[1],
+                self.pad[1],
+                self.pad[3],
+                self.stride[1],
+            )?,
+        ))
+    }
+
+    /// Dims of an image tensor in this layout.
+    pub fn dims(&self, n: usize, c: usize, h: usize, w: usize) -> Vec<usize> {
+        match self.order {
+            Order::Nchw => vec![n, c, h, w],
+            Order::Nhwc => vec![n, h, w, c],
+        }
+    }
+}

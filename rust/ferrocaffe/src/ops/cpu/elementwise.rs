@@ -1,0 +1,182 @@
+//! Helpers for elementwise kernels that may run in place: they resize output 0, then loop over
+//! raw pointers so an input that is also the output is read before being overwritten.
+//!
+//! Kernel writers: use [`unary`], [`binary`] and [`nary_same_shape`] for in-place-capable
+//! elementwise ops; [`dispatch!`](crate::dispatch) picks the Rust type for a [`DataType`].
+
+use super::broadcast::binary_loop;
+use crate::error::{Error, Result};
+use crate::ops::operator::OpContext;
+use crate::tensor::{DataType, Element};
+
+/// Runs `$body` with the type alias `$T` bound to the Rust type of `$dtype`, for the listed
+/// data types; other types give an error naming the op's type list.
+///
+/// ```ignore
+/// dispatch!(x.dtype(), [Float => f32, Int64 => i64], |T| { ... })
+/// ```
+#[macro_export]
+macro_rules! dispatch {
+    ($dtype:expr, [$($d:ident => $t:ty),* $(,)?], |$T:ident| $body:expr) => {{
+        #[allow(unreachable_patterns)]
+        match $dtype {
+            $($crate::tensor::DataType::$d => {
+                #[allow(dead_code)]
+                type $T = $t;
+                $body
+            })*
+            other => Err($crate::error::Error::Runtime(format!(
+                "Unsupported input type {other}; this op supports: {}",
+                [$(stringify!($t)),*].join(", ")
+            ))),
+        }
+    }};
+}
+
+/// Dims and dtype of input `i` (read through the output when the op runs in place).
+pub fn input_meta(ctx: &OpContext<'_>, i: usize) -> Result<(Vec<usize>, DataType)> {
+    let t = ctx.input(i)?;
+    Ok((t.dims().to_vec(), t.dtype()))
+}
+
+fn type_mismatch(ctx: &OpContext<'_>, i: usize, want: DataType, got: DataType) -> Error {
+    ctx.err(format!(
+        "Tensor type mismatch, caller expects elements to be {want} while tensor '{}' (input {i}) contains {got}",
+        ctx.input_name(i)
+    ))
+}
+
+/// `y = f(x)` elementwise from input 0 to output 0 (in place when they are one blob).
+pub fn unary<A: Element, C: Element>(ctx: &mut OpContext<'_>, f: impl Fn(A) -> C) -> Result<()> {
+    let (dims, dt) = input_meta(ctx, 0)?;
+    if dt != A::DTYPE {
+        return Err(type_mismatch(ctx, 0, A::DTYPE, dt));
+    }
+    if ctx.is_inplace(0, 0) {
+        if A::DTYPE != C::DTYPE {
+            return Err(ctx.err("this op cannot run in place: input and output types differ"));
+        }
+        let c = ctx.output(0)?;
+        let p = c.as_mut_slice::<C>()?.as_mut_ptr();
+        let n = c.numel();
+        for i in 0..n {
+            // SAFETY: i < n elements of one buffer of type C == A.
+            unsafe {
+                let v = f(*(p as *const A).add(i));
+                *p.add(i) = v;
+            }
+        }
+        return Ok(());
+    }
+    let (ins, mut outs) = ctx.split();
+    let x = ins.tensor(0)?.as_slice::<A>()?;
+    let y = outs.tensor(0)?.ensure::<C>(&dims);
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o = f(v);
+    }
+    Ok(())
+}
+
+/// `c = f(a, b)` from inputs 0, 1 to output 0 with the given (already broadcast-checked) loop
+/// shapes; `c_dims` is the output shape, `loop_c` the shape the loop iterates over (same
+/// element count).
+#[allow(clippy::too_many_arguments)]
+pub fn binary<A: Element, B: Element, C: Element>(
+    ctx: &mut OpContext<'_>,
+    a_dims: &[usize],
+    b_dims: &[usize],
+    loop_c: &[usize],
+    c_dims: &[usize],
+    f: impl Fn(A, B) -> C,
+) -> Result<()> {
+    let ta = ctx.input(0)?.dtype();
+    if ta != A::DTYPE {
+        return Err(type_mismatch(ctx, 0, A::DTYPE, ta));
+    }
+    let tb = ctx.input(1)?.dtype();
+    if tb != B::DTYPE {
+        return Err(type_mismatch(ctx, 1, B::DTYPE, tb));
+    }
+    let alias_a = ctx.is_inplace(0, 0);
+    let alias_b = ctx.is_inplace(1, 0);
+    let n_c: usize = c_dims.iter().product();
+    if alias_a && (A::DTYPE != C::DTYPE || a_dims.iter().product::<usize>() != n_c) {
+        return Err(ctx.err(format!(
+            "cannot compute in place: output shape {c_dims:?} differs from input 0's"
+        )));
+    }
+    if alias_b && (B::DTYPE != C::DTYPE || b_dims.iter().product::<usize>() != n_c) {
+        return Err(ctx.err(format!(
+            "cannot compute in place: output shape {c_dims:?} differs from input 1's"
+        )));
+    }
+    let (ins, mut outs) = ctx.split();
+    let ap = if alias_a {
+        None
+    } else {
+        Some(ins.tensor(0)?.as_slice::<A>()?.as_ptr())
+    };
+    let bp = if alias_b {
+        None
+    } else {
+        Some(ins.tensor(1)?.as_slice::<B>()?.as_ptr())
+    };
+    let c = outs.tensor(0)?;
+    c.reset(C::DTYPE, c_dims);
+    let cp = c.as_mut_slice::<C>()?.as_mut_ptr();
+    let ap = ap.unwrap_or(cp as *const A);
+    let bp = bp.unwrap_or(cp as *const B);
+    // SAFETY: pointers cover their shapes; an aliased input has the output's shape and type.
+    unsafe { binary_loop(ap, a_dims, bp, b_dims, cp, loop_c, f) };
+    Ok(())
+}
+
+/// `y[i] = f(y[i] so far, x_k[i])` folded over all inputs of one shape (Sum and friends):
+/// output 0 gets input 0's values, then each further input is combined in.
+pub fn nary_same_shape<T: Element>(ctx: &mut OpContext<'_>, f: impl Fn(T, T) -> T) -> Result<()> {
+    let (dims, dt) = input_meta(ctx, 0)?;
+    if dt != T::DTYPE {
+        return Err(type_mismatch(ctx, 0, T::DTYPE, dt));
+    }
+    let n_in = ctx.num_inputs();
+    for i in 1..n_in {
+        let (d, t) = input_meta(ctx, i)?;
+        if d != dims {
+            return Err(ctx.err(format!(
+                "Input #{i}, input dimension:{d:?} should match output dimension: {dims:?}"
+            )));
+        }
+        if t != T::DTYPE {
+            return Err(type_mismatch(ctx, i, T::DTYPE, t));
+        }
+    }
+    let aliased: Vec<bool> = (0..n_in).map(|i| ctx.is_inplace(i, 0)).collect();
+    let (ins, mut outs) = ctx.split();
+    let mut ptrs: Vec<Option<*const T>> = Vec::with_capacity(n_in);
+    for (i, &al) in aliased.iter().enumerate() {
+        ptrs.push(if al {
+            None
+        } else {
+            Some(ins.tensor(i)?.as_slice::<T>()?.as_ptr())
+        });
+    }
+    let c = outs.tensor(0)?;
+    c.reset(T::DTYPE, &dims);
+    let cp = c.as_mut_slice::<T>()?.as_mut_ptr();
+    let ptrs: Vec<*const T> = ptrs
+        .into_iter()
+        .map(|p| p.unwrap_or(cp as *const T))
+        .collect();
+    let n: usize = dims.iter().product();
+    for i in 0..n {
+        // SAFETY: every pointer covers n elements of T; reads of index i precede the write.
+        unsafe {
+            let mut acc = *ptrs[0].add(i);
+            for p in &ptrs[1..] {
+                acc = f(acc, *p.add(i));
+            }
+            *cp.add(i) = acc;
+        }
+    }
+    Ok(())
+}

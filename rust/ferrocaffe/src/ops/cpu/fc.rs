@@ -1,0 +1,230 @@
+//! Fully connected layers: FC (`Y = X W^T + b`), FCTransposed (`Y = X W + b`) and their
+//! gradient ops, on the `gemm` crate's single-precision GEMM (AVX2/AVX-512, threaded on rayon).
+//!
+//! X is flattened to `M x K` at `axis` (default 1), W to `N x K` (`K x N` transposed) at
+//! `axis_w` (default 1); Y has X's dims before `axis` followed by N.
+
+use crate::error::Result;
+use crate::ops::operator::{OpContext, OpInit, Operator};
+use crate::ops::registry::Registry;
+use crate::tensor::Tensor;
+
+/// Registers the FC family.
+pub fn register(r: &mut Registry) {
+    r.cpu("FC", |i| create(i, false, false));
+    r.cpu("FCTransposed", |i| create(i, true, false));
+    r.cpu("FCGradient", |i| create(i, false, true));
+    r.cpu("FCTransposedGradient", |i| create(i, true, true));
+}
+
+/// `C = alpha * op(A) * op(B) + beta * C` for row-major f32 matrices, where `op(A)` is
+/// `m x k` and `op(B)` is `k x n`.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm(
+    trans_a: bool,
+    trans_b: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+) {
+    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    let (rsa, csa) = if trans_a {
+        (1, m as isize)
+    } else {
+        (k as isize, 1)
+    };
+    let (rsb, csb) = if trans_b {
+        (1, k as isize)
+    } else {
+        (n as isize, 1)
+    };
+    let par = if m * n * k >= 1 << 18 {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: strides describe matrices within the asserted lengths; gemm computes
+    // dst = beta_dst * dst + alpha * lhs * rhs with (alpha, beta) named (alpha, beta) below.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            beta != 0.0,
+            a.as_ptr(),
+            csa,
+            rsa,
+            b.as_ptr(),
+            csb,
+            rsb,
+            beta,
+            alpha,
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+struct Fc {
+    axis: isize,
+    axis_w: isize,
+    transposed: bool,
+    gradient: bool,
+}
+
+fn canonical(axis: isize, nd: usize) -> Option<usize> {
+    let a = if axis < 0 { axis + nd as isize } else { axis };
+    (0..=nd as isize).contains(&a).then_some(a as usize)
+}
+
+impl Fc {
+    /// (M, K, N, y_dims) after checking the shapes.
+    fn sizes(&self, x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize, Vec<usize>)> {
+        let ax = canonical(self.axis, x.ndim()).ok_or_else(|| {
+            rt(format!(
+                "axis {} out of range for X of shape {:?}",
+                self.axis,
+                x.dims()
+            ))
+        })?;
+        let axw = canonical(self.axis_w, w.ndim()).ok_or_else(|| {
+            rt(format!(
+                "axis_w {} out of range for W of shape {:?}",
+                self.axis_w,
+                w.dims()
+            ))
+        })?;
+        let m = x.size_to_dim(ax);
+        let k = x.size_from_dim(ax);
+        let (n, kw) = if self.transposed {
+            (w.size_from_dim(axw), w.size_to_dim(axw))
+        } else {
+            (w.size_to_dim(axw), w.size_from_dim(axw))
+        };
+        if k != kw {
+            return Err(rt(format!(
+                "Dimension mismatch: X: {:?}, W: {:?} (K = {k} from X, {kw} from W)",
+                x.dims(),
+                w.dims()
+            )));
+        }
+        let mut y_dims = x.dims()[..ax].to_vec();
+        y_dims.push(n);
+        Ok((m, k, n, y_dims))
+    }
+
+    fn forward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let (ins, mut outs) = ctx.split();
+        let x = ins.tensor(0)?;
+        let w = ins.tensor(1)?;
+        let b = ins.tensor(2)?;
+        let (m, k, n, y_dims) = self.sizes(x, w)?;
+        if b.numel() != n {
+            return Err(crate::error::Error::Runtime(format!(
+                "bias has {} values, expected N = {n}",
+                b.numel()
+            )));
+        }
+        let (xs, ws, bs) = (
+            x.as_slice::<f32>()?,
+            w.as_slice::<f32>()?,
+            b.as_slice::<f32>()?,
+        );
+        let y = outs.tensor(0)?.ensure::<f32>(&y_dims);
+        for row in y.chunks_mut(n.max(1)) {
+            row.copy_from_slice(bs);
+        }
+        sgemm(
+            false,
+            !self.transposed,
+            m,
+            n,
+            k,
+            1.0,
+            xs,
+            ws,
+            if k == 0 { 0.0 } else { 1.0 },
+            y,
+        );
+        Ok(())
+    }
+
+    fn backward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let (ins, mut outs) = ctx.split();
+        let x = ins.tensor(0)?;
+        let w = ins.tensor(1)?;
+        let dy = ins.tensor(2)?;
+        let (m, k, n, _) = self.sizes(x, w)?;
+        if dy.numel() != m * n {
+            return Err(crate::error::Error::Runtime(format!(
+                "dY has {} values, expected M x N = {m} x {n}",
+                dy.numel()
+            )));
+        }
+        let (xs, ws, dys) = (
+            x.as_slice::<f32>()?,
+            w.as_slice::<f32>()?,
+            dy.as_slice::<f32>()?,
+        );
+        let w_dims = w.dims().to_vec();
+        let x_dims = x.dims().to_vec();
+        {
+            let dw = outs.tensor(0)?.ensure::<f32>(&w_dims);
+            if self.transposed {
+                sgemm(true, false, k, n, m, 1.0, xs, dys, 0.0, dw);
+            } else {
+                sgemm(true, false, n, k, m, 1.0, dys, xs, 0.0, dw);
+            }
+        }
+        {
+            let db = outs.tensor(1)?.ensure::<f32>(&[n]);
+            db.fill(0.0);
+            for row in dys.chunks(n.max(1)) {
+                for (d, v) in db.iter_mut().zip(row) {
+                    *d += v;
+                }
+            }
+        }
+        if outs.len() > 2 {
+            let dx = outs.tensor(2)?.ensure::<f32>(&x_dims);
+            sgemm(false, self.transposed, m, k, n, 1.0, dys, ws, 0.0, dx);
+        }
+        Ok(())
+    }
+}
+
+fn rt(msg: impl std::fmt::Display) -> crate::error::Error {
+    crate::error::Error::Runtime(msg.to_string())
+}
+
+impl Operator for Fc {
+    fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
+        if self.gradient {
+            self.backward(ctx)
+        } else {
+            self.forward(ctx)
+        }
+    }
+}
+
+fn create(init: &OpInit<'_>, transposed: bool, gradient: bool) -> Result<Box<dyn Operator>> {
+    Ok(Box::new(Fc {
+        axis: init.args.int("axis", 1)? as isize,
+        axis_w: init.args.int("axis_w", 1)? as isize,
+        transposed,
+        gradient,
+    }))
+}

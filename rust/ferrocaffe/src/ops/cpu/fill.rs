@@ -1,0 +1,442 @@
+//! Fill ops: ConstantFill, GivenTensor*Fill, UniformFill, UniformIntFill, GaussianFill,
+//! XavierFill, MSRAFill, RangeFill.
+//!
+//! Shape rules (Caffe2's `FillerOp`): without inputs the output has shape `shape` (a scalar when
+//! absent); with an input, its shape (or, with `input_as_shape`, its int64 values) followed by
+//! `extra_shape`. Random fills draw from the op's generator ([`super::rng`]).
+
+use half::f16;
+
+use super::rng::Rng;
+use crate::error::{Error, Result};
+use crate::ops::operator::{OpContext, OpInit, Operator};
+use crate::ops::registry::Registry;
+use crate::tensor::{DataType, Tensor};
+
+/// Registers the fill ops.
+pub fn register(r: &mut Registry) {
+    r.cpu("ConstantFill", create_constant);
+    r.cpu("GivenTensorFill", |i| create_given(i, GivenKind::Float));
+    r.cpu("GivenTensorDoubleFill", |i| {
+        create_given(i, GivenKind::Double)
+    });
+    r.cpu("GivenTensorIntFill", |i| create_given(i, GivenKind::Int32));
+    r.cpu("GivenTensorInt64Fill", |i| {
+        create_given(i, GivenKind::Int64)
+    });
+    r.cpu("GivenTensorInt16Fill", |i| {
+        create_given(i, GivenKind::Int16)
+    });
+    r.cpu("GivenTensorBoolFill", |i| create_given(i, GivenKind::Bool));
+    r.cpu("GivenTensorByteStringToUInt8Fill", |i| {
+        create_given(i, GivenKind::Bytes)
+    });
+    r.cpu("GivenTensorStringFill", |i| {
+        create_given(i, GivenKind::String)
+    });
+    r.cpu("UniformFill", |i| create_random(i, RandomKind::Uniform));
+    r.cpu("UniformIntFill", |i| {
+        create_random(i, RandomKind::UniformInt)
+    });
+    r.cpu("GaussianFill", |i| create_random(i, RandomKind::Gaussian));
+    r.cpu("XavierFill", |i| create_random(i, RandomKind::Xavier));
+    r.cpu("MSRAFill", |i| create_random(i, RandomKind::Msra));
+    r.cpu("RangeFill", |i| create_random(i, RandomKind::Range));
+}
+
+/// The shape part of every filler.
+#[derive(Clone, Debug)]
+pub struct FillShape {
+    shape: Vec<usize>,
+    extra: Vec<usize>,
+    input_as_shape: bool,
+}
+
+impl FillShape {
+    /// Reads and checks `shape`, `extra_shape`, `input_as_shape`.
+    pub fn new(init: &OpInit<'_>) -> Result<Self> {
+        let a = &init.args;
+        let s = FillShape {
+            shape: a.sizes("shape")?,
+            extra: a.sizes("extra_shape")?,
+            input_as_shape: a.bool("input_as_shape", false)?,
+        };
+        if init.num_inputs() > 0 {
+            if !s.shape.is_empty() {
+                return Err(
+                    init.err("Cannot set the shape argument and pass in an input at the same time")
+                );
+            }
+        } else {
+            if !s.extra.is_empty() {
+                return Err(init.err("Cannot set extra_shape when there is no input"));
+            }
+            if s.input_as_shape {
+                return Err(init.err("An input must be given if input_as_shape is true"));
+            }
+            if a.get("shape").is_some_and(|x| x.i.is_some()) {
+                return Err(init.err("Fill 'shape' argument was a scalar, list expected"));
+            }
+        }
+        Ok(s)
+    }
+
+    /// The output shape for this run.
+    pub fn resolve(&self, ctx: &OpContext<'_>) -> Result<Vec<usize>> {
+        if ctx.num_inputs() == 0 {
+            return Ok(self.shape.clone());
+        }
+        let input = ctx.input(0)?;
+        let mut dims = if self.input_as_shape {
+            if input.ndim() != 1 {
+                return Err(ctx.err(
+                    "When input_as_shape is true, the input must be a 1D tensor of data type int64_t",
+                ));
+            }
+            if input.numel() == 0 {
+                return Err(ctx.err("input.numel() > 0: the shape input is empty"));
+            }
+            let v = input.to_i64_vec().map_err(|_| {
+                ctx.err("When input_as_shape is true, the input must be a 1D tensor of data type int64_t")
+            })?;
+            v.into_iter()
+                .map(|d| {
+                    usize::try_from(d)
+                        .map_err(|_| ctx.err(format!("negative dimension {d} in the shape input")))
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            input.dims().to_vec()
+        };
+        dims.extend_from_slice(&self.extra);
+        Ok(dims)
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Constant {
+    F32(f32),
+    F64(f64),
+    I32(i32),
+    I64(i64),
+    I16(i16),
+    I8(i8),
+    U8(u8),
+    U16(u16),
+    Bool(bool),
+    Str(Vec<u8>),
+}
+
+struct ConstantFill {
+    shape: FillShape,
+    value: Constant,
+}
+
+fn fill_constant(t: &mut Tensor, dims: &[usize], v: &Constant) {
+    match v {
+        Constant::F32(x) => t.ensure::<f32>(dims).fill(*x),
+        Constant::F64(x) => t.ensure::<f64>(dims).fill(*x),
+        Constant::I32(x) => t.ensure::<i32>(dims).fill(*x),
+        Constant::I64(x) => t.ensure::<i64>(dims).fill(*x),
+        Constant::I16(x) => t.ensure::<i16>(dims).fill(*x),
+        Constant::I8(x) => t.ensure::<i8>(dims).fill(*x),
+        Constant::U8(x) => t.ensure::<u8>(dims).fill(*x),
+        Constant::U16(x) => t.ensure::<u16>(dims).fill(*x),
+        Constant::Bool(x) => t.ensure::<bool>(dims).fill(*x),
+        Constant::Str(s) => {
+            t.reset(DataType::String, dims);
+            if let Ok(v) = t.as_strings_mut() {
+                for e in v {
+                    e.clone_from(s);
+                }
+            }
+        }
+    }
+}
+
+impl Operator for ConstantFill {
+    fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let dims = self.shape.resolve(ctx)?;
+        fill_constant(ctx.output(0)?, &dims, &self.value);
+        Ok(())
+    }
+}
+
+fn create_constant(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+    let a = &init.args;
+    let shape = FillShape::new(init)?;
+    let dtype = if !a.has("dtype") && a.has("value") {
+        let v = a.get("value");
+        if v.is_some_and(|x| x.f.is_some()) {
+            1
+        } else if v.is_some_and(|x| x.i.is_some()) {
+            10
+        } else {
+            return Err(init.err("Argument 'value' is of unexpected type"));
+        }
+    } else {
+        a.int("dtype", 1)?
+    };
+    let int = |lo: i64, hi: i64| -> Result<i64> {
+        let v = a.int("value", 0)?;
+        if v < lo || v > hi {
+            return Err(init.err(format!(
+                "Value{v} of argument value cannot be represented correctly in a target type"
+            )));
+        }
+        Ok(v)
+    };
+    let value = match dtype {
+        1 => Constant::F32(a.float("value", 0.0)?),
+        13 => Constant::F64(a.float("value", 0.0)? as f64),
+        5 => Constant::Bool(a.int("value", 0)? != 0),
+        7 => Constant::I8(int(i8::MIN as i64, i8::MAX as i64)? as i8),
+        9 => Constant::I16(int(i16::MIN as i64, i16::MAX as i64)? as i16),
+        2 => Constant::I32(int(i32::MIN as i64, i32::MAX as i64)? as i32),
+        10 => Constant::I64(a.int("value", 0)?),
+        6 => Constant::U8(int(0, u8::MAX as i64)? as u8),
+        8 => Constant::U16(int(0, u16::MAX as i64)? as u16),
+        4 => Constant::Str(a.get("value").and_then(|x| x.s.clone()).unwrap_or_default()),
+        other => {
+            return Err(init.err(format!("Unexpected 'dtype' argument value: {other}")));
+        }
+    };
+    Ok(Box::new(ConstantFill { shape, value }))
+}
+
+#[derive(Clone, Copy)]
+enum GivenKind {
+    Float,
+    Double,
+    Int32,
+    Int64,
+    Int16,
+    Bool,
+    Bytes,
+    String,
+}
+
+struct GivenFill {
+    shape: FillShape,
+    values: Tensor,
+}
+
+impl Operator for GivenFill {
+    fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let dims = self.shape.resolve(ctx)?;
+        let n: usize = dims.iter().product();
+        if n != self.values.numel() {
+            return Err(ctx.err(format!(
+                "output size {n} (shape {dims:?}) does not match the {} given values",
+                self.values.numel()
+            )));
+        }
+        let out = ctx.output(0)?;
+        out.copy_from(&self.values);
+        out.reshape(&dims)?;
+        Ok(())
+    }
+}
+
+fn create_given(init: &OpInit<'_>, kind: GivenKind) -> Result<Box<dyn Operator>> {
+    let shape = FillShape::new(init)?;
+    let a = &init.args;
+    let mut kind = kind;
+    if matches!(kind, GivenKind::Float) && a.has("dtype") {
+        kind = match a.int("dtype", 1)? {
+            1 => GivenKind::Float,
+            13 => GivenKind::Double,
+            5 => GivenKind::Bool,
+            9 => GivenKind::Int16,
+            2 => GivenKind::Int32,
+            10 => GivenKind::Int64,
+            4 => GivenKind::String,
+            0 => return Err(init.err("Cannot have undefined 'dtype' argument")),
+            other => return Err(init.err(format!("Unexpected 'dtype' argument value: {other}"))),
+        };
+    }
+    let floats = a.floats("values");
+    let ints = a.ints("values");
+    let n_f = floats.len();
+    let values = match kind {
+        GivenKind::Float => Tensor::from_vec(&[n_f], floats)?,
+        GivenKind::Double => Tensor::from_vec(&[n_f], floats.iter().map(|&v| v as f64).collect())?,
+        GivenKind::Int32 => {
+            Tensor::from_vec(&[ints.len()], ints.iter().map(|&v| v as i32).collect())?
+        }
+        GivenKind::Int64 => Tensor::from_vec(&[ints.len()], ints)?,
+        GivenKind::Int16 => {
+            Tensor::from_vec(&[ints.len()], ints.iter().map(|&v| v as i16).collect())?
+        }
+        GivenKind::Bool => Tensor::from_vec(&[ints.len()], ints.iter().map(|&v| v != 0).collect())?,
+        GivenKind::String => {
+            let s = a.byte_strings("values");
+            Tensor::from_strings(&[s.len()], s)?
+        }
+        GivenKind::Bytes => {
+            let s = a.byte_strings("values");
+            let bytes: Vec<u8> = s.into_iter().flatten().collect();
+            Tensor::from_vec(&[bytes.len()], bytes)?
+        }
+    };
+    Ok(Box::new(GivenFill { shape, values }))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum RandomKind {
+    Uniform,
+    UniformInt,
+    Gaussian,
+    Xavier,
+    Msra,
+    Range,
+}
+
+struct RandomFill {
+    shape: FillShape,
+    kind: RandomKind,
+    rng: Rng,
+    a: f64,
+    b: f64,
+    dtype: DataType,
+}
+
+impl Operator for RandomFill {
+    fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let (mut lo, mut hi) = (self.a, self.b);
+        let n_in = ctx.num_inputs();
+        if n_in == 3 && matches!(self.kind, RandomKind::Uniform | RandomKind::UniformInt) {
+            let read = |i: usize| -> Result<f64> {
+                let t = ctx.input(i)?;
+                if t.numel() != 1 {
+                    return Err(ctx.err(format!("{} must be a single value", ctx.input_name(i))));
+                }
+                t.get_f64(0)
+            };
+            lo = read(1)?;
+            hi = read(2)?;
+        }
+        let dims = self.shape.resolve(ctx)?;
+        let kind = self.kind;
+        let dtype = self.dtype;
+        let rng = &mut self.rng;
+        let out = ctx.output(0)?;
+        if kind != RandomKind::Range && lo > hi && kind != RandomKind::Gaussian {
+            return Err(Error::Runtime(format!(
+                "max {hi} must be at least min {lo}"
+            )));
+        }
+        match kind {
+            RandomKind::UniformInt => {
+                for v in out.ensure::<i32>(&dims) {
+                    *v = rng.uniform_int(lo as i64, hi as i64) as i32;
+                }
+            }
+            RandomKind::Range => match dtype {
+                DataType::Double => {
+                    for (i, v) in out.ensure::<f64>(&dims).iter_mut().enumerate() {
+                        *v = i as f64;
+                    }
+                }
+                DataType::Int32 => {
+                    for (i, v) in out.ensure::<i32>(&dims).iter_mut().enumerate() {
+                        *v = i as i32;
+                    }
+                }
+                DataType::Int64 => {
+                    for (i, v) in out.ensure::<i64>(&dims).iter_mut().enumerate() {
+                        *v = i as i64;
+                    }
+                }
+                _ => {
+                    for (i, v) in out.ensure::<f32>(&dims).iter_mut().enumerate() {
+                        *v = i as f32;
+                    }
+                }
+            },
+            RandomKind::Uniform => {
+                fill_f(out, &dims, dtype, |_| rng.uniform(lo as f32, hi as f32))?
+            }
+            RandomKind::Gaussian => {
+                fill_f(out, &dims, dtype, |_| rng.gaussian(lo as f32, hi as f32))?
+            }
+            RandomKind::Xavier => {
+                let n: usize = dims.iter().product();
+                let fan_in = if dims.is_empty() || dims[0] == 0 {
+                    1
+                } else {
+                    n / dims[0]
+                };
+                let scale = (3.0f32 / fan_in.max(1) as f32).sqrt();
+                fill_f(out, &dims, dtype, |_| rng.uniform(-scale, scale))?
+            }
+            RandomKind::Msra => {
+                let n: usize = dims.iter().product();
+                let fan_out = if dims.len() < 2 || dims[1] == 0 {
+                    1
+                } else {
+                    n / dims[1]
+                };
+                let std = (2.0f32 / fan_out.max(1) as f32).sqrt();
+                fill_f(out, &dims, dtype, |_| rng.gaussian(0.0, std))?
+            }
+        }
+        Ok(())
+    }
+}
+
+fn fill_f(
+    out: &mut Tensor,
+    dims: &[usize],
+    dtype: DataType,
+    mut f: impl FnMut(usize) -> f32,
+) -> Result<()> {
+    match dtype {
+        DataType::Double => {
+            for (i, v) in out.ensure::<f64>(dims).iter_mut().enumerate() {
+                *v = f(i) as f64;
+            }
+        }
+        DataType::Float16 => {
+            for (i, v) in out.ensure::<f16>(dims).iter_mut().enumerate() {
+                *v = f16::from_f32(f(i));
+            }
+        }
+        _ => {
+            for (i, v) in out.ensure::<f32>(dims).iter_mut().enumerate() {
+                *v = f(i);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn create_random(init: &OpInit<'_>, kind: RandomKind) -> Result<Box<dyn Operator>> {
+    let shape = FillShape::new(init)?;
+    let a = &init.args;
+    let (lo, hi) = match kind {
+        RandomKind::Uniform => {
+            if init.num_inputs() == 3 && (a.has("min") || a.has("max")) {
+                return Err(init.err("Cannot set both min/max arg and min/max input blobs"));
+            }
+            (a.float("min", 0.0)? as f64, a.float("max", 1.0)? as f64)
+        }
+        RandomKind::UniformInt => {
+            if init.num_inputs() == 3 && (a.has("min") || a.has("max")) {
+                return Err(init.err("Cannot set both min/max arg and min/max input blobs"));
+            }
+            (a.int("min", 0)? as f64, a.int("max", 1)? as f64)
+        }
+        RandomKind::Gaussian => (a.float("mean", 0.0)? as f64, a.float("std", 1.0)? as f64),
+        _ => (0.0, 0.0),
+    };
+    let dtype = DataType::from_proto(a.int("dtype", 1)?).map_err(|e| init.err(e))?;
+    Ok(Box::new(RandomFill {
+        shape,
+        kind,
+        rng: Rng::from_option(init.random_seed()),
+        a: lo,
+        b: hi,
+        dtype,
+    }))
+}

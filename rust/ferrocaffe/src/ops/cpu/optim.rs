@@ -1,0 +1,353 @@
+//! Optimizers: LearningRate, WeightedSum, MomentumSGD, MomentumSGDUpdate, Adagrad,
+//! SparseAdagrad, Adam.
+//!
+//! State inputs are updated in place (the schemas enforce or allow it); when an output is not
+//! its input's blob, the input is copied into it first and updated there.
+
+use crate::error::{Error, Result};
+use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
+use crate::ops::registry::Registry;
+
+/// Registers the family.
+pub fn register(r: &mut Registry) {
+    r.cpu("LearningRate", create_lr);
+    r.cpu("WeightedSum", |_| Ok(Box::new(FnOp(weighted_sum))));
+    r.cpu("MomentumSGD", |i| create_momentum(i, false));
+    r.cpu("MomentumSGDUpdate", |i| create_momentum(i, true));
+    r.cpu("Adagrad", create_adagrad);
+    r.cpu("SparseAdagrad", create_sparse_adagrad);
+    r.cpu("Adam", create_adam);
+}
+
+fn rt(msg: impl std::fmt::Display) -> Error {
+    Error::Runtime(msg.to_string())
+}
+
+/// Makes output `j` hold input `i`'s values (nothing to do when they are one blob).
+fn state_to_output(ctx: &mut OpContext<'_>, i: usize, j: usize) -> Result<()> {
+    if ctx.is_inplace(i, j) {
+        return Ok(());
+    }
+    let (ins, mut outs) = ctx.split();
+    let src = ins.tensor(i)?;
+    outs.tensor(j)?.copy_from(src);
+    Ok(())
+}
+
+/// Float values of input `i`, read through its output when it is computed in place.
+fn read_input(ctx: &OpContext<'_>, i: usize) -> Result<Vec<f32>> {
+    Ok(ctx.input(i)?.as_slice::<f32>()?.to_vec())
+}
+
+fn scalar(ctx: &OpContext<'_>, i: usize) -> Result<f32> {
+    let t = ctx.input(i)?;
+    if t.numel() != 1 {
+        return Err(rt(format!(
+            "input {i} ('{}') must hold one value, got shape {:?}",
+            ctx.input_name(i),
+            t.dims()
+        )));
+    }
+    Ok(t.get_f64(0)? as f32)
+}
+
+#[derive(Clone, Debug)]
+enum Policy {
+    Fixed,
+    Step { stepsize: i64, gamma: f32 },
+    Exp { gamma: f32 },
+    Inv { gamma: f32, power: f32 },
+    Poly { max_iter: i64, power: f32 },
+    LinearWarmup { start: f32, num_iter: i64 },
+    ConstantWarmup { multiplier: f32, num_iter: i64 },
+    Multistep { steps: Vec<i64>, gamma: f32 },
+}
+
+impl Policy {
+    fn multiplier(&self, it: i64) -> f32 {
+        match self {
+            Policy::Fixed => 1.0,
+            Policy::Step { stepsize, gamma } => gamma.powi((it / (*stepsize).max(1)) as i32),
+            Policy::Exp { gamma } => gamma.powf(it as f32),
+            Policy::Inv { gamma, power } => (1.0 + gamma * it as f32).powf(-power),
+            Policy::Poly { max_iter, power } => (1.0 - it as f32 / (*max_iter).max(1) as f32)
+                .max(0.0)
+                .powf(*power),
+            Policy::LinearWarmup { start, num_iter } => {
+                if it >= *num_iter {
+                    1.0
+                } else {
+                    start + (1.0 - start) * it as f32 / (*num_iter).max(1) as f32
+                }
+            }
+            Policy::ConstantWarmup {
+                multiplier,
+                num_iter,
+            } => {
+                if it >= *num_iter {
+                    1.0
+                } else {
+                    *multiplier
+                }
+            }
+            Policy::Multistep { steps, gamma } => {
+                gamma.powi(steps.iter().filter(|&&s| it >= s).count() as i32)
+            }
+        }
+    }
+}
+
+fn create_lr(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+    let a = &init.args;
+    if !a.has("base_lr") {
+        return Err(init.err("LearningRate needs the base_lr argument"));
+    }
+    let base = a.float("base_lr", 0.0)?;
+    let name = a.string("policy", "fixed")?;
+    let gamma = || a.float("gamma", 0.0);
+    let policy = match name.as_str() {
+        "fixed" => Policy::Fixed,
+        "step" => Policy::Step {
+            stepsize: a.int("stepsize", 0)?,
+            gamma: gamma()?,
+        },
+        "exp" => Policy::Exp { gamma: gamma()? },
+        "inv" => Policy::Inv {
+            gamma: gamma()?,
+            power: a.float("power", 0.0)?,
+        },
+        "poly" => Policy::Poly {
+            max_iter: a.int("max_iter", -1)?,
+            power: a.float("power", 0.0)?,
+        },
+        "linearWarmup" => Policy::LinearWarmup {
+            start: a.float("start_multiplier", 0.0)?,
+            num_iter: a.int("num_iter", 0)?,
+        },
+        "constantWarmup" => Policy::ConstantWarmup {
+            multiplier: a.float("multiplier", 0.5)?,
+            num_iter: a.int("num_iter", 0)?,
+        },
+        "multistep" => Policy::Multistep {
+            steps: a.ints("stepsize"),
+            gamma: gamma()?,
+        },
+        other => return Err(init.err(format!("Unknown learning rate policy: {other}"))),
+    };
+    Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+        let it = ctx.input(0)?.to_i64_vec()?;
+        let it = *it
+            .first()
+            .ok_or_else(|| rt("the iteration input is empty"))?;
+        ctx.output(0)?.ensure::<f32>(&[])[0] = base * policy.multiplier(it);
+        Ok(())
+    })))
+}
+
+/// Y = sum_i w_i * X_i over inputs (X_0, w_0, X_1, w_1, ...); Y may be X_0.
+fn weighted_sum(ctx: &mut OpContext<'_>) -> Result<()> {
+    let n = ctx.num_inputs();
+    if n == 0 || n % 2 != 0 {
+        return Err(rt("WeightedSum needs pairs of (X, weight) inputs"));
+    }
+    let dims = ctx.input(0)?.dims().to_vec();
+    let inplace0 = ctx.is_inplace(0, 0);
+    let mut terms: Vec<(Vec<f32>, f32)> = Vec::with_capacity(n / 2);
+    for k in (0..n).step_by(2) {
+        let w = scalar(ctx, k + 1)?;
+        if k == 0 && inplace0 {
+            terms.push((Vec::new(), w));
+            continue;
+        }
+        let x = ctx.input(k)?;
+        if x.dims() != dims.as_slice() {
+            return Err(rt(format!(
+                "Input {k} has shape {:?}, expected {dims:?}",
+                x.dims()
+            )));
+        }
+        terms.push((x.as_slice::<f32>()?.to_vec(), w));
+    }
+    let y = ctx.output(0)?;
+    if inplace0 {
+        let w0 = terms[0].1;
+        let ys = y.as_mut_slice::<f32>()?;
+        for v in ys.iter_mut() {
+            *v *= w0;
+        }
+    } else {
+        let ys = y.ensure::<f32>(&dims);
+        let (x0, w0) = &terms[0];
+        for (v, &x) in ys.iter_mut().zip(x0) {
+            *v = x * w0;
+        }
+    }
+    let ys = y.as_mut_slice::<f32>()?;
+    for (x, w) in &terms[1..] {
+        for (v, &xv) in ys.iter_mut().zip(x) {
+            *v += w * xv;
+        }
+    }
+    Ok(())
+}
+
+fn create_momentum(init: &OpInit<'_>, update: bool) -> Result<Box<dyn Operator>> {
+    let momentum = init.args.float("momentum", 0.0)?;
+    let nesterov = init.args.bool("nesterov", false)?;
+    Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+        let lr = scalar(ctx, 2)?;
+        let g = read_input(ctx, 0)?;
+        let m = read_input(ctx, 1)?;
+        if g.len() != m.len() {
+            return Err(rt("grad and moment must have the same size"));
+        }
+        let dims = ctx.input(0)?.dims().to_vec();
+        let mut ng = vec![0f32; g.len()];
+        let mut nm = vec![0f32; g.len()];
+        for i in 0..g.len() {
+            if nesterov {
+                let mi_new = momentum * m[i] + lr * g[i];
+                nm[i] = mi_new;
+                ng[i] = (1.0 + momentum) * mi_new - momentum * m[i];
+            } else {
+                let adj = lr * g[i] + momentum * m[i];
+                nm[i] = adj;
+                ng[i] = adj;
+            }
+        }
+        if update {
+            state_to_output(ctx, 3, 2)?;
+            let p = ctx.output(2)?.as_mut_slice::<f32>()?;
+            if p.len() != ng.len() {
+                return Err(rt("param must have the size of grad"));
+            }
+            for (pv, d) in p.iter_mut().zip(&ng) {
+                *pv -= d;
+            }
+        }
+        ctx.output(0)?.ensure::<f32>(&dims).copy_from_slice(&ng);
+        ctx.output(1)?.ensure::<f32>(&dims).copy_from_slice(&nm);
+        Ok(())
+    })))
+}
+
+fn create_adagrad(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+    let eps = init.args.float("epsilon", 1e-5)?;
+    let decay = init.args.float("decay", 1.0)?;
+    Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+        let lr = scalar(ctx, 3)?;
+        let g = read_input(ctx, 2)?;
+        state_to_output(ctx, 0, 0)?;
+        state_to_output(ctx, 1, 1)?;
+        let dims = ctx.output(0)?.dims().to_vec();
+        let mut eff = Vec::new();
+        let mut upd = Vec::new();
+        {
+            let mut h = ctx.output(1)?.as_slice::<f32>()?.to_vec();
+            let p = ctx.output(0)?.as_mut_slice::<f32>()?;
+            if p.len() != g.len() || h.len() != g.len() {
+                return Err(rt("param, moment and grad must have the same size"));
+            }
+            for i in 0..g.len() {
+                h[i] = decay * h[i] + g[i] * g[i];
+                let e = lr / (h[i].sqrt() + eps);
+                p[i] += e * g[i];
+                eff.push(e);
+                upd.push(e * g[i]);
+            }
+            ctx.output(1)?.as_mut_slice::<f32>()?.copy_from_slice(&h);
+        }
+        if ctx.num_outputs() > 2 {
+            ctx.output(2)?.ensure::<f32>(&dims).copy_from_slice(&eff);
+        }
+        if ctx.num_outputs() > 3 {
+            ctx.output(3)?.ensure::<f32>(&dims).copy_from_slice(&upd);
+        }
+        Ok(())
+    })))
+}
+
+fn create_sparse_adagrad(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+    let eps = init.args.float("epsilon", 1e-5)?;
+    Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+        let lr = scalar(ctx, 4)?;
+        let idx = ctx.input(2)?.to_i64_vec()?;
+        let g = read_input(ctx, 3)?;
+        state_to_output(ctx, 0, 0)?;
+        state_to_output(ctx, 1, 1)?;
+        let rows = ctx.output(0)?.dims().first().copied().unwrap_or(0);
+        let n = ctx.output(0)?.numel();
+        let block = n.checked_div(rows).unwrap_or(0);
+        if idx.len() * block != g.len() {
+            return Err(rt(format!(
+                "grad has {} values, expected {} indices x {block}",
+                g.len(),
+                idx.len()
+            )));
+        }
+        let mut h = ctx.output(1)?.as_slice::<f32>()?.to_vec();
+        if h.len() != n {
+            return Err(rt("moment must have the size of param"));
+        }
+        let p = ctx.output(0)?.as_mut_slice::<f32>()?;
+        for (k, &r) in idx.iter().enumerate() {
+            let r = usize::try_from(r)
+                .ok()
+                .filter(|&r| r < rows)
+                .ok_or_else(|| rt(format!("Index out of bounds: {r}, range 0 to {rows}")))?;
+            for j in 0..block {
+                let (pi, gi) = (r * block + j, g[k * block + j]);
+                h[pi] += gi * gi;
+                p[pi] += lr * gi / (h[pi].sqrt() + eps);
+            }
+        }
+        ctx.output(1)?.as_mut_slice::<f32>()?.copy_from_slice(&h);
+        Ok(())
+    })))
+}
+
+fn create_adam(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+    let b1 = init.args.float("beta1", 0.9)?;
+    let b2 = init.args.float("beta2", 0.999)?;
+    let eps = init.args.float("epsilon", 1e-8)?;
+    Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+        let lr = scalar(ctx, 4)?;
+        let it = ctx.input(5)?.to_i64_vec()?;
+        let t = *it
+            .first()
+            .ok_or_else(|| rt("the iteration input is empty"))? as f32
+            + 1.0;
+        let g = read_input(ctx, 3)?;
+        for k in 0..3 {
+            state_to_output(ctx, k, k)?;
+        }
+        let correction = (1.0 - b2.powf(t)).sqrt() / (1.0 - b1.powf(t));
+        let mut m1 = ctx.output(1)?.as_slice::<f32>()?.to_vec();
+        let mut m2 = ctx.output(2)?.as_slice::<f32>()?.to_vec();
+        if m1.len() != g.len() || m2.len() != g.len() {
+            return Err(rt("param, moments and grad must have the same size"));
+        }
+        let mut step = vec![0f32; g.len()];
+        for i in 0..g.len() {
+            m1[i] = b1 * m1[i] + (1.0 - b1) * g[i];
+            m2[i] = b2 * m2[i] + (1.0 - b2) * g[i] * g[i];
+            step[i] = lr * correction * m1[i] / (m2[i].sqrt() + eps);
+        }
+        {
+            let p = ctx.output(0)?.as_mut_slice::<f32>()?;
+            if p.len() != g.len() {
+                return Err(rt("param must have the size of grad"));
+            }
+            for (pv, s) in p.iter_mut().zip(&step) {
+                *pv += s;
+            }
+        }
+        ctx.output(1)?.as_mut_slice::<f32>()?.copy_from_slice(&m1);
+        ctx.output(2)?.as_mut_slice::<f32>()?.copy_from_slice(&m2);
+        if ctx.num_outputs() > 3 {
+            let dims = ctx.input(3)?.dims().to_vec();
+            ctx.output(3)?.ensure::<f32>(&dims).copy_from_slice(&step);
+        }
+        Ok(())
+    })))
+}

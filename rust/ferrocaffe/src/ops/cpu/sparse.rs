@@ -1,0 +1,465 @@
+//! Sparse and segment ops: Gather, SparseLengths{Sum,Mean,WeightedSum}, Lengths{Sum,Mean,
+//! WeightedSum}, UnsortedSegmentSum, ScatterAssign, ScatterWeightedSum, SparseToDense, and the
+//! gradient ops the segment reductions emit.
+//!
+//! Rows are the slices along the first dimension of DATA; indices may be int32 or int64.
+
+use crate::dispatch;
+use crate::error::{Error, Result};
+use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
+use crate::ops::registry::Registry;
+use crate::tensor::Tensor;
+
+/// Registers the family.
+pub fn register(r: &mut Registry) {
+    r.cpu("Gather", create_gather);
+    for (name, kind) in [
+        ("SparseLengthsSum", Red::Sum),
+        ("SparseLengthsMean", Red::Mean),
+        ("SparseLengthsWeightedSum", Red::Weighted),
+    ] {
+        let f: crate::ops::registry::Factory = match kind {
+            Red::Sum => |_| {
+                Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
+                    lengths_reduce(c, Red::Sum, true)
+                })))
+            },
+            Red::Mean => |_| {
+                Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
+                    lengths_reduce(c, Red::Mean, true)
+                })))
+            },
+            Red::Weighted => |_| {
+                Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
+                    lengths_reduce(c, Red::Weighted, true)
+                })))
+            },
+        };
+        r.cpu(name, f);
+    }
+    r.cpu("LengthsSum", |_| {
+        Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
+            lengths_reduce(c, Red::Sum, false)
+        })))
+    });
+    r.cpu("LengthsMean", |_| {
+        Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
+            lengths_reduce(c, Red::Mean, false)
+        })))
+    });
+    r.cpu("LengthsWeightedSum", |_| {
+        Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
+            lengths_reduce(c, Red::Weighted, false)
+        })))
+    });
+    // Gradients: (dY, LENGTHS[, ...]) -> one row per index / data row.
+    r.cpu_many(
+        &[
+            "SparseLengthsIndicesInGradientSumGradient",
+            "LengthsIndicesInGradientSumGradient",
+            "SparseLengthsSumGradient",
+            "LengthsSumGradient",
+        ],
+        |_| {
+            Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
+                lengths_grad(c, Red::Sum)
+            })))
+        },
+    );
+    r.cpu_many(
+        &[
+            "SparseLengthsIndicesInGradientMeanGradient",
+            "LengthsIndicesInGradientMeanGradient",
+            "SparseLengthsMeanGradient",
+            "LengthsMeanGradient",
+        ],
+        |_| {
+            Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
+                lengths_grad(c, Red::Mean)
+            })))
+        },
+    );
+    r.cpu_many(
+        &[
+            "SparseLengthsIndicesInGradientWeightedSumGradient",
+            "LengthsIndicesInGradientWeightedSumGradient",
+            "SparseLengthsWeightedSumGradient",
+            "LengthsWeightedSumGradient",
+        ],
+        |_| {
+            Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
+                lengths_grad(c, Red::Weighted)
+            })))
+        },
+    );
+    r.cpu("UnsortedSegmentSum", |i| {
+        let num = i.args.int("num_segments", -1)?;
+        Ok(Box::new(FnOp(move |c: &mut OpContext<'_>| {
+            unsorted_segment_sum(c, num)
+        })))
+    });
+    r.cpu("UnsortedSegmentSumGradient", |_| {
+        Ok(Box::new(FnOp(unsorted_segment_sum_grad)))
+    });
+    r.cpu("ScatterAssign", |_| Ok(Box::new(FnOp(scatter_assign))));
+    r.cpu("ScatterWeightedSum", |_| {
+        Ok(Box::new(FnOp(scatter_weighted_sum)))
+    });
+    r.cpu("SparseToDense", |_| Ok(Box::new(FnOp(sparse_to_dense))));
+}
+
+fn rt(msg: impl std::fmt::Display) -> Error {
+    Error::Runtime(msg.to_string())
+}
+
+/// Row count and row size (elements) of DATA.
+fn rows(t: &Tensor) -> Result<(usize, usize)> {
+    let n = *t
+        .dims()
+        .first()
+        .ok_or_else(|| rt("DATA must have at least one dimension"))?;
+    Ok((n, t.numel().checked_div(n).unwrap_or(0)))
+}
+
+fn indices(t: &Tensor, bound: usize) -> Result<Vec<usize>> {
+    t.to_i64_vec()?
+        .into_iter()
+        .map(|i| {
+            usize::try_from(i)
+                .ok()
+                .filter(|&u| u < bound)
+                .ok_or_else(|| {
+                    rt(format!(
+                        "INDICES element is out of DATA bounds, id={i} axis_dim={bound}"
+                    ))
+                })
+        })
+        .collect()
+}
+
+fn create_gather(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+    let axis = init.args.int("axis", 0)?;
+    Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+        let (ins, mut outs) = ctx.split();
+        let data = ins.tensor(0)?;
+        let idx_t = ins.tensor(1)?;
+        let d = data.dims().to_vec();
+        let nd = d.len() as i64;
+        let ax = if axis < 0 { axis + nd } else { axis };
+        if ax < 0 || ax >= nd {
+            return Err(rt(format!(
+                "axis {axis} out of range for DATA of shape {d:?}"
+            )));
+        }
+        let ax = ax as usize;
+        let idx = indices(idx_t, d[ax])?;
+        let outer: usize = d[..ax].iter().product();
+        let inner: usize = d[ax + 1..].iter().product();
+        let mut od = d[..ax].to_vec();
+        od.extend_from_slice(idx_t.dims());
+        od.extend_from_slice(&d[ax + 1..]);
+        dispatch!(data.dtype(), [Float => f32, Double => f64, Int32 => i32, Int64 => i64,
+            Bool => bool, Uint8 => u8, Int8 => i8, Int16 => i16, Uint16 => u16, Float16 => half::f16], |T| {
+            let src = data.as_slice::<T>()?;
+            let y = outs.tensor(0)?.ensure::<T>(&od);
+            let mut k = 0;
+            for o in 0..outer {
+                for &i in &idx {
+                    let s = (o * d[ax] + i) * inner;
+                    y[k..k + inner].copy_from_slice(&src[s..s + inner]);
+                    k += inner;
+                }
+            }
+            Ok(())
+        })
+    })))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Red {
+    Sum,
+    Mean,
+    Weighted,
+}
+
+fn lengths(t: &Tensor) -> Result<Vec<usize>> {
+    t.to_i64_vec()?
+        .into_iter()
+        .map(|l| usize::try_from(l).map_err(|_| rt(format!("negative length {l}"))))
+        .collect()
+}
+
+/// (Sparse)Lengths{Sum,Mean,WeightedSum}. Inputs: DATA, [WEIGHTS], [INDICES], LENGTHS.
+fn lengths_reduce(ctx: &mut OpContext<'_>, red: Red, sparse: bool) -> Result<()> {
+    let (ins, mut outs) = ctx.split();
+    let data = ins.tensor(0)?;
+    let (n_rows, block) = rows(data)?;
+    let mut k = 1;
+    let weights = if red == Red::Weighted {
+        k += 1;
+        Some(ins.tensor(1)?.as_slice::<f32>()?)
+    } else {
+        None
+    };
+    let idx = if sparse {
+        k += 1;
+        Some(indices(ins.tensor(k - 1)?, n_rows)?)
+    } else {
+        None
+    };
+    let lens = lengths(ins.tensor(k)?)?;
+    let total: usize = lens.iter().sum();
+    let n_items = idx.as_ref().map_or(n_rows, Vec::len);
+    if total != n_items {
+        return Err(rt(format!(
+            "Your input seems to be incorrect: the sum of lengths values should be the size of the indices tensor, but it appears not. ({total} vs {n_items})"
+        )));
+    }
+    if let Some(w) = weights {
+        if w.len() != n_items {
+            return Err(rt(format!(
+                "WEIGHTS has {} values, expected {n_items}",
+                w.len()
+            )));
+        }
+    }
+    let src = data.as_slice::<f32>()?;
+    let mut od = data.dims().to_vec();
+    od[0] = lens.len();
+    let y = outs.tensor(0)?.ensure::<f32>(&od);
+    y.fill(0.0);
+    let mut item = 0;
+    for (seg, &len) in lens.iter().enumerate() {
+        let out = &mut y[seg * block..(seg + 1) * block];
+        for _ in 0..len {
+            let row = idx.as_ref().map_or(item, |v| v[item]);
+            let w = weights.map_or(1.0, |w| w[item]);
+            for (o, v) in out.iter_mut().zip(&src[row * block..(row + 1) * block]) {
+                *o += w * v;
+            }
+            item += 1;
+        }
+        if red == Red::Mean && len > 0 {
+            for o in out.iter_mut() {
+                *o /= len as f32;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Gradient of the length reductions: one row per item, the segment's dY (scaled).
+/// Inputs: (dY, LENGTHS, ...) or, weighted, (WEIGHTS, dY, LENGTHS, ...).
+fn lengths_grad(ctx: &mut OpContext<'_>, red: Red) -> Result<()> {
+    let (ins, mut outs) = ctx.split();
+    let off = (red == Red::Weighted) as usize;
+    let dy = ins.tensor(off)?;
+    let lens = lengths(ins.tensor(off + 1)?)?;
+    let (n_seg, block) = rows(dy)?;
+    if n_seg != lens.len() {
+        return Err(rt(format!(
+            "dY has {n_seg} rows for {} lengths",
+            lens.len()
+        )));
+    }
+    let total: usize = lens.iter().sum();
+    let weights = if red == Red::Weighted {
+        let w = ins.tensor(0)?.as_slice::<f32>()?;
+        if w.len() != total {
+            return Err(rt(format!(
+                "WEIGHTS has {} values, expected {total}",
+                w.len()
+            )));
+        }
+        Some(w)
+    } else {
+        None
+    };
+    let g = dy.as_slice::<f32>()?;
+    let mut od = dy.dims().to_vec();
+    od[0] = total;
+    let out = outs.tensor(0)?.ensure::<f32>(&od);
+    let mut item = 0;
+    for (seg, &len) in lens.iter().enumerate() {
+        let scale = if red == Red::Mean && len > 0 {
+            1.0 / len as f32
+        } else {
+            1.0
+        };
+        for _ in 0..len {
+            let w = weights.map_or(scale, |w| w[item]);
+            for (o, v) in out[item * block..(item + 1) * block]
+                .iter_mut()
+                .zip(&g[seg * block..(seg + 1) * block])
+            {
+                *o = w * v;
+            }
+            item += 1;
+        }
+    }
+    Ok(())
+}
+
+fn unsorted_segment_sum(ctx: &mut OpContext<'_>, num: i64) -> Result<()> {
+    let (ins, mut outs) = ctx.split();
+    let data = ins.tensor(0)?;
+    let (n_rows, block) = rows(data)?;
+    let ids = ins.tensor(1)?.to_i64_vec()?;
+    if ids.len() != n_rows {
+        return Err(rt(format!(
+            "SEGMENT_IDS has {} values for {n_rows} rows",
+            ids.len()
+        )));
+    }
+    let n_seg = if num >= 0 {
+        num as usize
+    } else {
+        ids.iter()
+            .copied()
+            .max()
+            .map_or(0, |m| (m + 1).max(0) as usize)
+    };
+    let src = data.as_slice::<f32>()?;
+    let mut od = data.dims().to_vec();
+    od[0] = n_seg;
+    let y = outs.tensor(0)?.ensure::<f32>(&od);
+    y.fill(0.0);
+    for (r, &s) in ids.iter().enumerate() {
+        let s = usize::try_from(s)
+            .ok()
+            .filter(|&s| s < n_seg)
+            .ok_or_else(|| rt(format!("segment id {s} out of range [0, {n_seg})")))?;
+        for (o, v) in y[s * block..(s + 1) * block]
+            .iter_mut()
+            .zip(&src[r * block..(r + 1) * block])
+        {
+            *o += v;
+        }
+    }
+    Ok(())
+}
+
+fn unsorted_segment_sum_grad(ctx: &mut OpContext<'_>) -> Result<()> {
+    let (ins, mut outs) = ctx.split();
+    let dy = ins.tensor(0)?;
+    let (n_seg, block) = rows(dy)?;
+    let ids = indices(ins.tensor(1)?, n_seg)?;
+    let g = dy.as_slice::<f32>()?;
+    let mut od = dy.dims().to_vec();
+    od[0] = ids.len();
+    let out = outs.tensor(0)?.ensure::<f32>(&od);
+    for (r, &s) in ids.iter().enumerate() {
+        out[r * block..(r + 1) * block].copy_from_slice(&g[s * block..(s + 1) * block]);
+    }
+    Ok(())
+}
+
+/// DATA[INDICES[k]] = SLICES[k], DATA updated in place (enforced by the schema).
+fn scatter_assign(ctx: &mut OpContext<'_>) -> Result<()> {
+    if !ctx.is_inplace(0, 0) {
+        let (ins, mut outs) = ctx.split();
+        let d = ins.tensor(0)?;
+        outs.tensor(0)?.copy_from(d);
+    }
+    let idx = ctx.input(1)?.to_i64_vec()?;
+    let slices = ctx.input(2)?.clone();
+    let out = ctx.output(0)?;
+    let (n_rows, block) = rows(out)?;
+    if slices.numel() != idx.len() * block || slices.dtype() != out.dtype() {
+        return Err(rt(format!(
+            "SLICES must hold {} x {block} values of {}",
+            idx.len(),
+            out.dtype()
+        )));
+    }
+    dispatch!(out.dtype(), [Float => f32, Double => f64, Int32 => i32, Int64 => i64, Float16 => half::f16], |T| {
+        let s = slices.as_slice::<T>()?;
+        let y = out.as_mut_slice::<T>()?;
+        for (k, &i) in idx.iter().enumerate() {
+            let i = usize::try_from(i)
+                .ok()
+                .filter(|&i| i < n_rows)
+                .ok_or_else(|| rt(format!("Index out of bounds: {i}, range 0 to {n_rows}")))?;
+            y[i * block..(i + 1) * block].copy_from_slice(&s[k * block..(k + 1) * block]);
+        }
+        Ok(())
+    })
+}
+
+/// X0[idx] = X0[idx] * W0 + sum_i X_i * W_i, inputs (X0, W0, INDICES, X1, W1, ...).
+fn scatter_weighted_sum(ctx: &mut OpContext<'_>) -> Result<()> {
+    let n = ctx.num_inputs();
+    if n < 5 || (n - 3) % 2 != 0 {
+        return Err(rt(
+            "ScatterWeightedSum needs (X0, W0, INDICES, X1, W1, ...)",
+        ));
+    }
+    if !ctx.is_inplace(0, 0) {
+        let (ins, mut outs) = ctx.split();
+        let d = ins.tensor(0)?;
+        outs.tensor(0)?.copy_from(d);
+    }
+    let w0 = ctx.input(1)?.get_f64(0)? as f32;
+    let idx = ctx.input(2)?.to_i64_vec()?;
+    let mut terms = Vec::new();
+    for k in (3..n).step_by(2) {
+        terms.push((
+            ctx.input(k)?.as_slice::<f32>()?.to_vec(),
+            ctx.input(k + 1)?.get_f64(0)? as f32,
+        ));
+    }
+    let out = ctx.output(0)?;
+    let (n_rows, block) = rows(out)?;
+    let y = out.as_mut_slice::<f32>()?;
+    for (k, &i) in idx.iter().enumerate() {
+        let i = usize::try_from(i)
+            .ok()
+            .filter(|&i| i < n_rows)
+            .ok_or_else(|| rt(format!("Index out of bounds: {i}, range 0 to {n_rows}")))?;
+        for j in 0..block {
+            let mut v = y[i * block + j] * w0;
+            for (x, w) in &terms {
+                v += w * x.get(k * block + j).copied().unwrap_or(0.0);
+            }
+            y[i * block + j] = v;
+        }
+    }
+    Ok(())
+}
+
+/// Y[indices[k]] += values[k]; first dim from `like` (input 2) or max index + 1.
+fn sparse_to_dense(ctx: &mut OpContext<'_>) -> Result<()> {
+    let (ins, mut outs) = ctx.split();
+    let idx = ins.tensor(0)?.to_i64_vec()?;
+    let values = ins.tensor(1)?;
+    let first = if ins.len() > 2 {
+        *ins.tensor(2)?
+            .dims()
+            .first()
+            .ok_or_else(|| rt("the shape reference must not be 0-d"))?
+    } else {
+        idx.iter()
+            .copied()
+            .max()
+            .map_or(0, |m| (m + 1).max(0) as usize)
+    };
+    let block = values.numel().checked_div(idx.len()).unwrap_or(0);
+    let mut od = values.dims().to_vec();
+    if od.is_empty() {
+        return Err(rt("values must have at least one dimension"));
+    }
+    od[0] = first;
+    let src = values.as_slice::<f32>()?;
+    let y = outs.tensor(0)?.ensure::<f32>(&od);
+    y.fill(0.0);
+    for (k, &i) in idx.iter().enumerate() {
+        let i = usize::try_from(i)
+            .ok()
+            .filter(|&i| i < first)
+            .ok_or_else(|| rt(format!("index {i} out of range [0, {first})")))?;
+        for j in 0..block {
+            y[i * block + j] += src[k * block + j];
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,187 @@
+//! The operator registry: factories keyed by (op type, device type, engine).
+//!
+//! Lookup tries each engine named in the op's `engine` field (comma separated, in order), then
+//! the default engine `""`. CPU factories also serve ops whose device type has no kernel of its
+//! own only when the device is CPU-like (CPU, MKLDNN, IDEEP); a CUDA op without a CUDA kernel is
+//! an error. At creation the op is checked against its schema (`ops::schema`), when it has one.
+
+use std::collections::HashMap;
+
+use super::operator::{OpInit, Operator};
+use super::schema;
+use crate::error::{Error, Result};
+
+/// Builds an operator instance from its definition.
+pub type Factory = fn(&OpInit<'_>) -> Result<Box<dyn Operator>>;
+
+/// Device type numbers (`caffe2.DeviceTypeProto`).
+pub mod device {
+    /// CPU.
+    pub const CPU: i32 = 0;
+    /// CUDA.
+    pub const CUDA: i32 = 1;
+    /// MKLDNN (runs CPU kernels here).
+    pub const MKLDNN: i32 = 2;
+    /// IDEEP (runs CPU kernels here).
+    pub const IDEEP: i32 = 5;
+}
+
+/// Name of a device type for messages.
+pub fn device_name(d: i32) -> String {
+    match d {
+        0 => "CPU".into(),
+        1 => "CUDA".into(),
+        2 => "MKLDNN".into(),
+        5 => "IDEEP".into(),
+        6 => "HIP".into(),
+        other => format!("device type {other}"),
+    }
+}
+
+/// Factories by (type, device, engine).
+#[derive(Default)]
+pub struct Registry {
+    map: HashMap<String, HashMap<(i32, String), Factory>>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `factory` for `op_type` on `device` with `engine` (`""` = default engine).
+    /// A later registration of the same key replaces the earlier one.
+    pub fn register(&mut self, op_type: &str, device: i32, engine: &str, factory: Factory) {
+        self.map
+            .entry(op_type.to_string())
+            .or_default()
+            .insert((device, engine.to_string()), factory);
+    }
+
+    /// Registers a default-engine CPU factory.
+    pub fn cpu(&mut self, op_type: &str, factory: Factory) {
+        self.register(op_type, device::CPU, "", factory);
+    }
+
+    /// Registers one default-engine CPU factory under several op types.
+    pub fn cpu_many(&mut self, op_types: &[&str], factory: Factory) {
+        for t in op_types {
+            self.cpu(t, factory);
+        }
+    }
+
+    /// The factory for (type, device, engine list), with engine and CPU-like fallbacks.
+    pub fn lookup(&self, op_type: &str, device: i32, engine: &str) -> Option<Factory> {
+        let by_key = self.map.get(op_type)?;
+        let devices: &[i32] = match device {
+            device::MKLDNN | device::IDEEP => &[device, device::CPU],
+            d => std::slice::from_ref(match d {
+                device::CPU => &device::CPU,
+                device::CUDA => &device::CUDA,
+                _ => return by_key.get(&(device, String::new())).copied(),
+            }),
+        };
+        for &d in devices {
+            for e in engine.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+                if let Some(f) = by_key.get(&(d, e.to_string())) {
+                    return Some(*f);
+                }
+            }
+            if let Some(f) = by_key.get(&(d, String::new())) {
+                return Some(*f);
+            }
+        }
+        None
+    }
+
+    /// Whether any kernel is registered for `op_type`.
+    pub fn has_type(&self, op_type: &str) -> bool {
+        self.map.contains_key(op_type)
+    }
+
+    /// Every op type with a kernel, sorted.
+    pub fn types(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.map.keys().map(String::as_str).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Checks the op against its schema and instantiates it.
+    pub fn create(&self, init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+        self.resolve(init.def)?(init)
+    }
+
+    /// The factory for `def`, after checking `def` against its schema.
+    pub fn resolve(&self, def: &crate::proto::OperatorDef) -> Result<Factory> {
+        let op_type = def.r#type();
+        let dev = def
+            .device_option
+            .as_ref()
+            .and_then(|d| d.device_type)
+            .unwrap_or(device::CPU);
+        let factory = self.lookup(op_type, dev, def.engine()).ok_or_else(|| {
+            Error::Runtime(format!(
+                "Cannot create operator of type '{op_type}' on the device '{}'. Verify that implementation for the corresponding device exist.",
+                device_name(dev)
+            ))
+        })?;
+        if let Some(s) = schema::lookup(op_type) {
+            s.verify(def).map_err(|e| {
+                Error::Runtime(format!("Operator def did not pass schema checking: {e}"))
+            })?;
+        }
+        Ok(factory)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::operator::{FnOp, OpContext};
+    use crate::proto::{DeviceOption, OperatorDef};
+    use crate::workspace::Workspace;
+
+    fn noop(_: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+        Ok(Box::new(FnOp(|_: &mut OpContext<'_>| Ok(()))))
+    }
+
+    fn failing(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+        Err(init.err("engine X chosen"))
+    }
+
+    #[test]
+    fn engine_falls_back_to_default() {
+        let mut r = Registry::new();
+        r.cpu("Relu", noop);
+        r.register("Relu", device::CPU, "X", failing);
+        assert!(r.lookup("Relu", device::CPU, "CUDNN").is_some());
+        assert!(r.lookup("Relu", device::CUDA, "").is_none());
+        assert!(r.lookup("Relu", device::IDEEP, "").is_some());
+        let ws = Workspace::new();
+        let mut def = OperatorDef::new("Relu", ["x"], ["y"]);
+        def.engine = Some("X".into());
+        let e = r.create(&OpInit::new(&def, &ws)).err().unwrap().to_string();
+        assert!(e.contains("engine X chosen"), "{e}");
+        def.engine = Some("CUDNN".into());
+        assert!(r.create(&OpInit::new(&def, &ws)).is_ok());
+    }
+
+    #[test]
+    fn unknown_device_or_type_and_schema_errors() {
+        let mut r = Registry::new();
+        r.cpu("Relu", noop);
+        let ws = Workspace::new();
+        let mut def = OperatorDef::new("Relu", ["x"], ["y"]);
+        def.device_option = Some(DeviceOption {
+            device_type: Some(1),
+            ..Default::default()
+        });
+        let e = r.create(&OpInit::new(&def, &ws)).err().unwrap().to_string();
+        assert!(e.contains("'Relu' on the device 'CUDA'"), "{e}");
+        let bad = OperatorDef::new("Relu", ["x", "z"], ["y"]);
+        let e = r.create(&OpInit::new(&bad, &ws)).err().unwrap().to_string();
+        assert!(e.contains("2 inputs given"), "{e}");
+        assert_eq!(r.types(), vec!["Relu"]);
+    }
+}
