@@ -384,3 +384,32 @@ def test_threads_running_the_same_net_are_serialised():
     for th in threads:
         th.join()
     assert workspace.FetchBlob("acc").tolist() == [1000.0]
+
+
+def test_blobs_queue_round_trip_and_close():
+    workspace.RunOperatorOnce(op("CreateBlobsQueue", [], ["q"], capacity=2, num_blobs=2))
+    assert b"BlobsQueue" in workspace.FetchBlob("q")
+    workspace.FeedBlob("a", np.arange(3, dtype=np.float32))
+    workspace.FeedBlob("b", np.array([7], dtype=np.int64))
+    workspace.RunOperatorOnce(op("EnqueueBlobs", ["q", "a", "b"], ["a", "b"]))
+    workspace.RunOperatorOnce(op("DequeueBlobs", ["q"], ["x", "y"]))
+    np.testing.assert_array_equal(workspace.FetchBlob("x"), [0, 1, 2])
+    assert workspace.FetchBlob("y").tolist() == [7]
+    workspace.RunOperatorOnce(op("CloseBlobsQueue", ["q"], []))
+    workspace.RunOperatorOnce(op("SafeDequeueBlobs", ["q"], ["x", "y", "status"]))
+    assert workspace.FetchBlob("status").tolist() is True
+    with pytest.raises(
+        RuntimeError, match="No known serializer for std::shared_ptr<caffe2::BlobsQueue>"
+    ):
+        workspace.SerializeBlob("q")
+
+
+def test_serialize_round_trip():
+    workspace.FeedBlob("t", np.arange(6, dtype=np.int16).reshape(2, 3))
+    data = workspace.SerializeBlob("t")
+    workspace.DeserializeBlob("u", data)
+    got = workspace.FetchBlob("u")
+    assert got.dtype == np.int16 and got.shape == (2, 3)
+    np.testing.assert_array_equal(got, np.arange(6).reshape(2, 3))
+    with pytest.raises(RuntimeError, match="Cannot parse content into a BlobProto"):
+        workspace.DeserializeBlob("v", b"\xff\xff")

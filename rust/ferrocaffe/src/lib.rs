@@ -21,7 +21,9 @@ pub mod net;
 pub mod ops;
 pub mod plan;
 pub mod proto;
+pub mod serialize;
 pub mod tensor;
+pub mod wire;
 pub mod workspace;
 
 pub use error::{Error, Result};

@@ -23,17 +23,17 @@ fn rt(msg: impl std::fmt::Display) -> Error {
 
 /// Sizes of one convolution.
 #[derive(Clone, Copy, Debug)]
-struct Dims {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    m: usize,
-    kh: usize,
-    kw: usize,
-    oh: usize,
-    ow: usize,
-    group: usize,
+pub(crate) struct Dims {
+    pub(crate) n: usize,
+    pub(crate) c: usize,
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) m: usize,
+    pub(crate) kh: usize,
+    pub(crate) kw: usize,
+    pub(crate) oh: usize,
+    pub(crate) ow: usize,
+    pub(crate) group: usize,
 }
 
 impl Dims {
@@ -103,123 +103,12 @@ impl Conv {
         })
     }
 
-    /// Column matrix of image `img`, group `gi`: NCHW `[kdim, oh*ow]`, NHWC `[oh*ow, kdim]`.
     fn im2col(&self, d: &Dims, x: &[f32], img: usize, gi: usize, col: &mut [f32]) {
-        let g = &self.g;
-        let (sh, sw) = (g.stride[0], g.stride[1]);
-        let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
-        let (dh, dw) = (g.dilation[0], g.dilation[1]);
-        let cg = d.cg();
-        match g.order {
-            Order::Nchw => {
-                let base = (img * d.c + gi * cg) * d.h * d.w;
-                let so = d.spatial_out();
-                for c in 0..cg {
-                    for ki in 0..d.kh {
-                        for kj in 0..d.kw {
-                            let row = ((c * d.kh + ki) * d.kw + kj) * so;
-                            for oy in 0..d.oh {
-                                let iy = (oy * sh + ki * dh) as isize - pt;
-                                let dst = &mut col[row + oy * d.ow..row + (oy + 1) * d.ow];
-                                if iy < 0 || iy >= d.h as isize {
-                                    dst.fill(0.0);
-                                    continue;
-                                }
-                                let src = base + (c * d.h + iy as usize) * d.w;
-                                for (ox, o) in dst.iter_mut().enumerate() {
-                                    let ix = (ox * sw + kj * dw) as isize - pl;
-                                    *o = if ix < 0 || ix >= d.w as isize {
-                                        0.0
-                                    } else {
-                                        x[src + ix as usize]
-                                    };
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            Order::Nhwc => {
-                let kd = d.kdim();
-                for oy in 0..d.oh {
-                    for ox in 0..d.ow {
-                        let p = oy * d.ow + ox;
-                        for ki in 0..d.kh {
-                            let iy = (oy * sh + ki * dh) as isize - pt;
-                            for kj in 0..d.kw {
-                                let ix = (ox * sw + kj * dw) as isize - pl;
-                                let dst = &mut col[p * kd + (ki * d.kw + kj) * cg..][..cg];
-                                if iy < 0 || iy >= d.h as isize || ix < 0 || ix >= d.w as isize {
-                                    dst.fill(0.0);
-                                } else {
-                                    let src = ((img * d.h + iy as usize) * d.w + ix as usize) * d.c
-                                        + gi * cg;
-                                    dst.copy_from_slice(&x[src..src + cg]);
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        im2col(&self.g, d, x, img, gi, col)
     }
 
-    /// Adds the column matrix back into image `img`, group `gi` of `dx` (inverse of im2col).
     fn col2im(&self, d: &Dims, col: &[f32], img: usize, gi: usize, dx: &mut [f32]) {
-        let g = &self.g;
-        let (sh, sw) = (g.stride[0], g.stride[1]);
-        let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
-        let (dh, dw) = (g.dilation[0], g.dilation[1]);
-        let cg = d.cg();
-        match g.order {
-            Order::Nchw => {
-                let base = (img * d.c + gi * cg) * d.h * d.w;
-                let so = d.spatial_out();
-                for c in 0..cg {
-                    for ki in 0..d.kh {
-                        for kj in 0..d.kw {
-                            let row = ((c * d.kh + ki) * d.kw + kj) * so;
-                            for oy in 0..d.oh {
-                                let iy = (oy * sh + ki * dh) as isize - pt;
-                                if iy < 0 || iy >= d.h as isize {
-                                    continue;
-                                }
-                                for ox in 0..d.ow {
-                                    let ix = (ox * sw + kj * dw) as isize - pl;
-                                    if ix >= 0 && ix < d.w as isize {
-                                        dx[base + (c * d.h + iy as usize) * d.w + ix as usize] +=
-                                            col[row + oy * d.ow + ox];
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            Order::Nhwc => {
-                let kd = d.kdim();
-                for oy in 0..d.oh {
-                    for ox in 0..d.ow {
-                        let p = oy * d.ow + ox;
-                        for ki in 0..d.kh {
-                            let iy = (oy * sh + ki * dh) as isize - pt;
-                            for kj in 0..d.kw {
-                                let ix = (ox * sw + kj * dw) as isize - pl;
-                                if iy < 0 || iy >= d.h as isize || ix < 0 || ix >= d.w as isize {
-                                    continue;
-                                }
-                                let src = &col[p * kd + (ki * d.kw + kj) * cg..][..cg];
-                                let dst =
-                                    ((img * d.h + iy as usize) * d.w + ix as usize) * d.c + gi * cg;
-                                for (o, v) in dx[dst..dst + cg].iter_mut().zip(src) {
-                                    *o += v;
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        col2im(&self.g, d, col, img, gi, dx)
     }
 
     fn forward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
@@ -239,6 +128,10 @@ impl Conv {
         let (xs, ws) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
         let y_dims = self.g.dims(d.n, d.m, d.oh, d.ow);
         let y = outs.tensor(0)?.ensure::<f32>(&y_dims);
+        if d.group == d.c && d.m == d.c && self.g.order == Order::Nhwc {
+            depthwise(&self.g, &d, xs, ws, bias, y);
+            return Ok(());
+        }
         let (kd, so, mg) = (d.kdim(), d.spatial_out(), d.mg());
         let mut col = vec![0f32; kd * so];
         let mut tmp = if self.g.order == Order::Nhwc && d.group > 1 {
@@ -435,4 +328,175 @@ fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
         gradient,
         no_bias: init.args.bool("no_bias", false)?,
     }))
+}
+
+/// Column matrix of image `img`, group `gi`: NCHW `[kdim, oh*ow]`, NHWC `[oh*ow, kdim]`.
+pub(crate) fn im2col(g: &Geometry, d: &Dims, x: &[f32], img: usize, gi: usize, col: &mut [f32]) {
+    let (sh, sw) = (g.stride[0], g.stride[1]);
+    let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
+    let (dh, dw) = (g.dilation[0], g.dilation[1]);
+    let cg = d.cg();
+    match g.order {
+        Order::Nchw => {
+            let base = (img * d.c + gi * cg) * d.h * d.w;
+            let so = d.spatial_out();
+            for c in 0..cg {
+                for ki in 0..d.kh {
+                    for kj in 0..d.kw {
+                        let row = ((c * d.kh + ki) * d.kw + kj) * so;
+                        for oy in 0..d.oh {
+                            let iy = (oy * sh + ki * dh) as isize - pt;
+                            let dst = &mut col[row + oy * d.ow..row + (oy + 1) * d.ow];
+                            if iy < 0 || iy >= d.h as isize {
+                                dst.fill(0.0);
+                                continue;
+                            }
+                            let src = base + (c * d.h + iy as usize) * d.w;
+                            for (ox, o) in dst.iter_mut().enumerate() {
+                                let ix = (ox * sw + kj * dw) as isize - pl;
+                                *o = if ix < 0 || ix >= d.w as isize {
+                                    0.0
+                                } else {
+                                    x[src + ix as usize]
+                                };
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Order::Nhwc => {
+            let kd = d.kdim();
+            for oy in 0..d.oh {
+                for ox in 0..d.ow {
+                    let p = oy * d.ow + ox;
+                    for ki in 0..d.kh {
+                        let iy = (oy * sh + ki * dh) as isize - pt;
+                        for kj in 0..d.kw {
+                            let ix = (ox * sw + kj * dw) as isize - pl;
+                            let dst = &mut col[p * kd + (ki * d.kw + kj) * cg..][..cg];
+                            if iy < 0 || iy >= d.h as isize || ix < 0 || ix >= d.w as isize {
+                                dst.fill(0.0);
+                            } else {
+                                let src =
+                                    ((img * d.h + iy as usize) * d.w + ix as usize) * d.c + gi * cg;
+                                dst.copy_from_slice(&x[src..src + cg]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Adds the column matrix back into image `img`, group `gi` of `dx` (inverse of im2col).
+pub(crate) fn col2im(g: &Geometry, d: &Dims, col: &[f32], img: usize, gi: usize, dx: &mut [f32]) {
+    let (sh, sw) = (g.stride[0], g.stride[1]);
+    let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
+    let (dh, dw) = (g.dilation[0], g.dilation[1]);
+    let cg = d.cg();
+    match g.order {
+        Order::Nchw => {
+            let base = (img * d.c + gi * cg) * d.h * d.w;
+            let so = d.spatial_out();
+            for c in 0..cg {
+                for ki in 0..d.kh {
+                    for kj in 0..d.kw {
+                        let row = ((c * d.kh + ki) * d.kw + kj) * so;
+                        for oy in 0..d.oh {
+                            let iy = (oy * sh + ki * dh) as isize - pt;
+                            if iy < 0 || iy >= d.h as isize {
+                                continue;
+                            }
+                            for ox in 0..d.ow {
+                                let ix = (ox * sw + kj * dw) as isize - pl;
+                                if ix >= 0 && ix < d.w as isize {
+                                    dx[base + (c * d.h + iy as usize) * d.w + ix as usize] +=
+                                        col[row + oy * d.ow + ox];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Order::Nhwc => {
+            let kd = d.kdim();
+            for oy in 0..d.oh {
+                for ox in 0..d.ow {
+                    let p = oy * d.ow + ox;
+                    for ki in 0..d.kh {
+                        let iy = (oy * sh + ki * dh) as isize - pt;
+                        for kj in 0..d.kw {
+                            let ix = (ox * sw + kj * dw) as isize - pl;
+                            if iy < 0 || iy >= d.h as isize || ix < 0 || ix >= d.w as isize {
+                                continue;
+                            }
+                            let src = &col[p * kd + (ki * d.kw + kj) * cg..][..cg];
+                            let dst =
+                                ((img * d.h + iy as usize) * d.w + ix as usize) * d.c + gi * cg;
+                            for (o, v) in dx[dst..dst + cg].iter_mut().zip(src) {
+                                *o += v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Depthwise convolution (one filter per channel), computed directly: channel-major loops for
+/// NCHW, channel-minor for NHWC, so reads stay contiguous.
+fn depthwise(g: &Geometry, d: &Dims, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+    let (sh, sw) = (g.stride[0], g.stride[1]);
+    let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
+    let (dh, dw) = (g.dilation[0], g.dilation[1]);
+    let (c, h, wd) = (d.c, d.h as isize, d.w as isize);
+    let kk = d.kh * d.kw;
+    // W: NCHW [C, 1, kh, kw]; NHWC [C, kh, kw, 1]: both are ch * kk + ki * kw + kj.
+    let one = |img: usize, ch: usize, oy: usize, ox: usize| -> f32 {
+        let mut acc = bias.map_or(0.0, |b| b[ch]);
+        for ki in 0..d.kh {
+            let iy = (oy * sh + ki * dh) as isize - pt;
+            if iy < 0 || iy >= h {
+                continue;
+            }
+            for kj in 0..d.kw {
+                let ix = (ox * sw + kj * dw) as isize - pl;
+                if ix < 0 || ix >= wd {
+                    continue;
+                }
+                let xi = match g.order {
+                    Order::Nchw => ((img * c + ch) * d.h + iy as usize) * d.w + ix as usize,
+                    Order::Nhwc => ((img * d.h + iy as usize) * d.w + ix as usize) * c + ch,
+                };
+                acc += x[xi] * w[ch * kk + ki * d.kw + kj];
+            }
+        }
+        acc
+    };
+    for img in 0..d.n {
+        match g.order {
+            Order::Nchw => {
+                for ch in 0..c {
+                    for oy in 0..d.oh {
+                        for ox in 0..d.ow {
+                            y[((img * c + ch) * d.oh + oy) * d.ow + ox] = one(img, ch, oy, ox);
+                        }
+                    }
+                }
+            }
+            Order::Nhwc => {
+                for oy in 0..d.oh {
+                    for ox in 0..d.ow {
+                        for ch in 0..c {
+                            y[((img * d.oh + oy) * d.ow + ox) * c + ch] = one(img, ch, oy, ox);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
