@@ -72,8 +72,8 @@ def bench_fc(sizes=(256, 512, 1024)):
         # Interleaved, lowest of many: the two are measured under the same machine load.
         t_fc, t_np = float("inf"), float("inf")
         for _ in range(15):
-            t_fc = min(t_fc, best_of(lambda: workspace.RunNet("fc", number), 1) / number)
-            t_np = min(t_np, best_of(lambda: x @ w.T + b, 1, number=number))
+            t_fc = min(t_fc, best_of(lambda number=number: workspace.RunNet("fc", number), 1) / number)
+            t_np = min(t_np, best_of(lambda x=x, w=w, b=b: x @ w.T + b, 1, number=number))
         ratio = t_np / t_fc
         gflops = 2 * n**3 / t_fc / 1e9
         print(

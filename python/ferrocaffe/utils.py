@@ -9,7 +9,21 @@ from google.protobuf.message import Message
 
 from ferrocaffe.proto import caffe2_pb2
 
-__all__ = ["MakeArgument", "ArgsToDict"]
+__all__ = [
+    "MakeArgument",
+    "ArgsToDict",
+    "BuildUniqueMutexIter",
+    "OPTIMIZER_ITERATION_NAME",
+    "OPTIMIZER_ITERATION_LR_NAME",
+    "ITERATION_MUTEX_NAME",
+    "ITERATION_MUTEX_LR_NAME",
+]
+
+# Blob names of the shared iteration counter that optimizers create.
+OPTIMIZER_ITERATION_NAME = "optimizer_iteration"
+OPTIMIZER_ITERATION_LR_NAME = "optimizer_iteration_lr"
+ITERATION_MUTEX_NAME = "iteration_mutex"
+ITERATION_MUTEX_LR_NAME = "iteration_mutex_lr"
 
 
 def _is_float(v):
@@ -105,3 +119,27 @@ def _is_repeated(field):
     if is_repeated is not None:
         return bool(is_repeated)
     return field.label == field.LABEL_REPEATED
+
+
+def BuildUniqueMutexIter(init_net, net, iter=None, iter_mutex=None, iter_val=0):
+    """The iteration counter blob ``iter`` (default ``optimizer_iteration``), created once.
+
+    When ``init_net`` does not define it yet: an int64 ``[1]`` ConstantFill of ``iter_val`` and
+    a ``CreateMutex`` (``iter_mutex``, default ``iteration_mutex``) in ``init_net``, and an
+    ``AtomicIter([mutex, iter], [iter])`` in ``net``; all three on CPU with the extra_info
+    ``device_type_override:cpu``. Otherwise the existing blob is returned.
+    """
+    from ferrocaffe import core, scope
+
+    iter = iter if iter is not None else OPTIMIZER_ITERATION_NAME
+    iter_mutex = iter_mutex if iter_mutex is not None else ITERATION_MUTEX_NAME
+    if init_net.BlobIsDefined(iter):
+        return init_net.GetBlobRef(iter)
+    cpu = core.DeviceOption(caffe2_pb2.CPU, extra_info=["device_type_override:cpu"])
+    with scope.DeviceScope(cpu):
+        iteration = init_net.ConstantFill(
+            [], iter, shape=[1], value=iter_val, dtype=core.DataType.INT64
+        )
+        iter_mutex = init_net.CreateMutex([], [iter_mutex])
+        net.AtomicIter([iter_mutex, iteration], [iteration])
+    return iteration

@@ -533,10 +533,12 @@ class Net:
     def AddGradientOperators(self, ys, skip=0):
         """Append the gradient ops of this net's ops (from op ``skip`` on) for ``ys`` (a list,
         or a dict blob -> given gradient / None) and return the blob -> gradient map."""
-        from ferrocaffe.core.gradients import GradientRegistry
+        from ferrocaffe.core.gradients import add_gradient_operators
 
-        grad_ops, input_to_grad = GradientRegistry.GetBackwardPass(self._net.op[skip:], ys)
-        self._ExtendOps(grad_ops)
+        first_new = len(self._net.op)
+        input_to_grad = add_gradient_operators(self._net, ys, skip)
+        for op in self._net.op[first_new:]:
+            self._op_outputs.update(op.output)
         return input_to_grad
 
 

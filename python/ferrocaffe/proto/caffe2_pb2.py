@@ -7,6 +7,7 @@ enum values (``PROTO_CPU``, ...) and the device type constants Caffe2 patched in
 """
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.internal import enum_type_wrapper
 
 from ferrocaffe import _native
 
@@ -22,7 +23,7 @@ def _export():
     for name, desc in DESCRIPTOR.message_types_by_name.items():
         g[name] = message_factory.GetMessageClass(desc)
     for name, enum in DESCRIPTOR.enum_types_by_name.items():
-        g[name] = enum
+        g[name] = enum_type_wrapper.EnumTypeWrapper(enum)
         for v in enum.values:
             g[v.name] = v.number
 

@@ -1,6 +1,8 @@
 //! The one place where `ferrocaffe::Error` becomes a Python exception.
 
-use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{
+    PyAssertionError, PyException, PyKeyError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 
 pyo3::create_exception!(
@@ -8,6 +10,13 @@ pyo3::create_exception!(
     DecodeError,
     PyValueError,
     "Bytes that are not a valid serialization of the expected protobuf message."
+);
+
+pyo3::create_exception!(
+    _native,
+    IllegalGraphTransformError,
+    PyValueError,
+    "A graph edit that would change what the net computes."
 );
 
 /// Maps a core error to the Python exception class users catch.
@@ -18,7 +27,21 @@ pub fn to_py(err: ferrocaffe::Error) -> PyErr {
         E::Decode { .. } => DecodeError::new_err(msg),
         E::InvalidArgument(_) => PyValueError::new_err(msg),
         E::NotFound(_) => PyKeyError::new_err(msg),
+        E::IllegalGraphTransform(_) => IllegalGraphTransformError::new_err(msg),
         E::Runtime(_) => PyRuntimeError::new_err(msg),
+        E::Assertion(_) => PyAssertionError::new_err(msg),
+        E::Type(_) => PyTypeError::new_err(msg),
+        // Caffe2 raised a bare `Exception` when a gradient maker failed.
+        E::GradientMaker { .. } => PyException::new_err(msg),
+        // An error of Python code called back: a RuntimeError naming what the engine was
+        // doing, caused by the original exception.
+        E::External { source, .. } => {
+            let e = PyRuntimeError::new_err(msg);
+            if let Ok(cause) = source.downcast::<PyErr>() {
+                Python::attach(|py| e.set_cause(py, Some(*cause)));
+            }
+            e
+        }
     }
 }
 
@@ -45,5 +68,9 @@ impl<T> IntoPy<T> for ferrocaffe::Result<T> {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DecodeError", m.py().get_type::<DecodeError>())?;
+    m.add(
+        "IllegalGraphTransformError",
+        m.py().get_type::<IllegalGraphTransformError>(),
+    )?;
     Ok(())
 }

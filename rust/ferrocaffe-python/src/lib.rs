@@ -4,7 +4,11 @@
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+mod autodiff;
 mod errors;
+mod graph;
+
+use errors::IntoPy;
 mod workspace;
 
 /// The encoded `FileDescriptorSet` of caffe2.proto (used to build `caffe2_pb2`).
@@ -19,12 +23,31 @@ fn registered_operators() -> Vec<&'static str> {
     ferrocaffe::ops::registered_types().collect()
 }
 
+/// Decodes `data` as the caffe2 message `kind` (`"NetDef"` or `"caffe2.NetDef"`, ...) in Rust
+/// and returns Rust's encoding of it. Raises `DecodeError` for malformed bytes, `ValueError` for
+/// an unknown kind.
+#[pyfunction]
+fn roundtrip<'py>(py: Python<'py>, kind: &str, data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+    let out = py.detach(|| ferrocaffe::proto::reencode(kind, data)).py()?;
+    Ok(PyBytes::new(py, &out))
+}
+
+/// Full names of every message in caffe2.proto.
+#[pyfunction]
+fn message_names() -> Vec<&'static str> {
+    ferrocaffe::proto::MESSAGE_NAMES.to_vec()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(file_descriptor_set, m)?)?;
     m.add_function(wrap_pyfunction!(registered_operators, m)?)?;
+    m.add_function(wrap_pyfunction!(roundtrip, m)?)?;
+    m.add_function(wrap_pyfunction!(message_names, m)?)?;
     errors::register(m)?;
+    graph::register(m)?;
+    autodiff::register(m)?;
     workspace::register(m)?;
     Ok(())
 }

@@ -18,10 +18,41 @@ pub enum Error {
     /// A blob, op, net or key that was asked for does not exist.
     #[error("{0}")]
     NotFound(String),
-    /// A failure while creating or running operators, nets or plans (Caffe2's enforce
-    /// failures). The message names the op type, op name, blob and what was expected.
+    /// A graph edit that would change what the net computes (e.g. renaming a blob version that
+    /// other ops also read).
+    #[error("{0}")]
+    IllegalGraphTransform(String),
+    /// An inconsistency found while generating gradients, e.g. a gradient operator that needs a
+    /// blob version that was overwritten (Caffe2 raised `RuntimeError`).
     #[error("{0}")]
     Runtime(String),
+    /// A malformed operator that Caffe2 rejected with a failed `assert` (`AssertionError`), e.g. a
+    /// `Do` op whose blob bindings are inconsistent.
+    #[error("{0}")]
+    Assertion(String),
+    /// A value of the wrong kind (Caffe2 raised `TypeError`).
+    #[error("{0}")]
+    Type(String),
+    /// The gradient maker of an operator failed; Caffe2's
+    /// `Exception when creating gradient for [<type>]:<reason>` (a bare `Exception`).
+    #[error("Exception when creating gradient for [{op_type}]:{reason}.\nOp: \n{op}")]
+    GradientMaker {
+        /// The forward operator's type.
+        op_type: String,
+        /// What the maker (or the registry) reported.
+        reason: String,
+        /// The forward operator in protobuf text format.
+        op: String,
+    },
+    /// An error raised by code the engine called back (e.g. a gradient function written in
+    /// Python); `source` is that code's own error.
+    #[error("{context}: {source}")]
+    External {
+        /// What the engine was doing, naming the operator involved.
+        context: String,
+        /// The callback's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// Shorthand for `std::result::Result<T, ferrocaffe::Error>`.

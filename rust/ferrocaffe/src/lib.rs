@@ -21,6 +21,7 @@
 
 pub mod autodiff;
 pub mod error;
+pub mod graph;
 pub mod kernels;
 pub mod net;
 pub mod ops;

@@ -1,5 +1,8 @@
 //! The gradient-maker contract and the helpers makers are written with.
 
+use super::net_names::NetNames;
+use super::registry::Registry;
+use super::scope::BackwardOptions;
 use crate::error::{Error, Result};
 use crate::proto::{Argument, OperatorDef};
 
@@ -21,9 +24,28 @@ pub enum GradRef {
 }
 
 impl GradRef {
-    /// Whether there is a gradient at all.
+    /// Whether there is a gradient at all (Python's `g is not None`).
     pub fn is_some(&self) -> bool {
         !matches!(self, GradRef::None)
+    }
+
+    /// Python truthiness of the gradient as Caffe2 stored it: `None` and an empty dense name
+    /// are false, a `GradientSlice` is always true.
+    pub fn is_truthy(&self) -> bool {
+        match self {
+            GradRef::None => false,
+            GradRef::Dense(n) => !n.is_empty(),
+            GradRef::Sparse { .. } => true,
+        }
+    }
+
+    /// Whether `name` is this gradient's dense blob, indices or values.
+    pub fn names_blob(&self, name: &str) -> bool {
+        match self {
+            GradRef::None => false,
+            GradRef::Dense(n) => n == name,
+            GradRef::Sparse { indices, values } => indices == name || values == name,
+        }
     }
 }
 
@@ -36,6 +58,18 @@ pub struct GradientOutput {
     pub input_grads: Vec<GradRef>,
 }
 
+/// What a maker may need besides the operator: the registry in use (makers of control ops
+/// generate the gradients of the nets in their arguments with it), unique net names, and the
+/// scopes of the backward pass.
+pub struct GradientContext<'c> {
+    /// The registry the backward pass uses.
+    pub registry: &'c Registry,
+    /// Hands out names for nets that gradient ops carry.
+    pub net_names: &'c mut dyn NetNames,
+    /// Name and device scope.
+    pub options: &'c BackwardOptions,
+}
+
 /// Produces the gradient operators of one forward operator type.
 ///
 /// Implement this for your own operators and register it in a [`super::Registry`].
@@ -43,6 +77,17 @@ pub trait GradientMaker: Send + Sync {
     /// Gradient ops and input gradients of `op`, given the gradient of each of its outputs
     /// (`output_grads.len() == op.output.len()`).
     fn make(&self, op: &OperatorDef, output_grads: &[GradRef]) -> Result<GradientOutput>;
+
+    /// Same as [`GradientMaker::make`], with access to the backward pass's context. The
+    /// default ignores the context; makers that recurse into nets override it.
+    fn make_in(
+        &self,
+        op: &OperatorDef,
+        output_grads: &[GradRef],
+        _cx: &mut GradientContext<'_>,
+    ) -> Result<GradientOutput> {
+        self.make(op, output_grads)
+    }
 }
 
 /// Plain functions are makers: `fn(&mut MakerCtx) -> Result<Vec<OperatorDef>>`.
@@ -98,14 +143,18 @@ impl<'a> MakerCtx<'a> {
         self.def.output.get(k).cloned().unwrap_or_default()
     }
 
-    /// Name of the dense gradient of output `k`; an error if it is absent or sparse.
+    /// Name of the dense gradient of output `k`; an error if it is absent or sparse (Caffe2's
+    /// messages: `Gradient of output <o> is sparse (expected dense).` / `... is not provided!`).
     pub fn go(&self, k: usize) -> Result<String> {
         match self.g_output.get(k) {
-            Some(GradRef::Dense(n)) => Ok(n.clone()),
+            Some(GradRef::Dense(n)) if !n.is_empty() => Ok(n.clone()),
+            Some(GradRef::Sparse { .. }) => Err(Error::InvalidArgument(format!(
+                "Gradient of output {} is sparse (expected dense).",
+                self.o(k)
+            ))),
             _ => Err(Error::InvalidArgument(format!(
-                "gradient of output {k} ('{}') of operator {} is not a dense gradient",
-                self.o(k),
-                self.def.r#type()
+                "Gradient of output {} is not provided!",
+                self.o(k)
             ))),
         }
     }
@@ -127,11 +176,11 @@ impl<'a> MakerCtx<'a> {
     }
 
     fn not_sparse(&self, k: usize) -> Error {
-        Error::InvalidArgument(format!(
-            "gradient of output {k} ('{}') of operator {} is not a sparse gradient",
-            self.o(k),
-            self.def.r#type()
-        ))
+        let what = match self.g_output.get(k) {
+            Some(GradRef::Dense(n)) if !n.is_empty() => "is dense (expected sparse).",
+            _ => "is not provided!",
+        };
+        Error::InvalidArgument(format!("Gradient of output {} {what}", self.o(k)))
     }
 
     /// Whether output `k` has a gradient.

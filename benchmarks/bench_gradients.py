@@ -1,0 +1,146 @@
+"""Gradient generation time for large FC+Relu nets: chains (``FC -> Relu -> FC -> ...``, the
+shape of the golden 4,001-op case) and ladders (every rung adds its input back with a ``Sum``,
+so every rung needs a gradient accumulation), at about 1k, 4k, 20k and 100k operators.
+
+Prints, per net: the best time of ``GradientRegistry.GetBackwardPass(ops, ["loss"])``, the
+time per 1,000 ops, the growth against the previous size (1.0 = linear), the ratio to a
+reference measured in the same run (serializing the forward ops one by one and parsing as many
+ops back: the per-op protobuf I/O of that list-in, list-out API), then the time of
+``gradients.add_gradient_operators(net_proto, ["loss"])`` (the net crosses as one message, as
+``Net.AddGradientOperators`` can use it) and of ``core.Net.AddGradientOperators`` when
+``core.Net`` has it.
+
+    maturin develop --release -q && python benchmarks/bench_gradients.py [--repeat N] [--max-ops N]
+"""
+
+import argparse
+import time
+
+from ferrocaffe import core
+from ferrocaffe.core.gradients import add_gradient_operators
+from ferrocaffe.proto import caffe2_pb2
+
+TARGETS_MS = {4001: 3.0, 100001: 100.0}
+
+
+def op(t, ins, outs):
+    return caffe2_pb2.OperatorDef(type=t, input=ins, output=outs, name="")
+
+
+def chain(n_layers):
+    """``2 * n_layers + 1`` ops: FC, Relu per layer, then SumElements."""
+    ops, x = [], "x"
+    for k in range(n_layers):
+        ops.append(op("FC", [x, f"W{k}", f"b{k}"], [f"fc{k}"]))
+        ops.append(op("Relu", [f"fc{k}"], [f"r{k}"]))
+        x = f"r{k}"
+    ops.append(op("SumElements", [x], ["loss"]))
+    return ops
+
+
+def ladder(n_rungs):
+    """``3 * n_rungs + 1`` ops: FC, Relu, Sum(relu, input) per rung, then SumElements."""
+    ops, x = [], "x"
+    for k in range(n_rungs):
+        ops.append(op("FC", [x, f"W{k}", f"b{k}"], [f"fc{k}"]))
+        ops.append(op("Relu", [f"fc{k}"], [f"r{k}"]))
+        ops.append(op("Sum", [f"r{k}", x], [f"h{k}"]))
+        x = f"h{k}"
+    ops.append(op("SumElements", [x], ["loss"]))
+    return ops
+
+
+def best(fn, repeat):
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times) * 1e3
+
+
+def reference(ops, repeat):
+    net = caffe2_pb2.NetDef()
+    net.op.extend(ops)
+    data = net.SerializeToString()
+
+    def io():
+        [o.SerializeToString() for o in ops]
+        caffe2_pb2.NetDef.FromString(data).op[:]
+
+    return best(io, repeat)
+
+
+def proto_path(ops):
+    proto = caffe2_pb2.NetDef(name="bench")
+    proto.op.extend(ops)
+
+    def run():
+        net = caffe2_pb2.NetDef()
+        net.CopyFrom(proto)
+        t0 = time.perf_counter()
+        add_gradient_operators(net, ["loss"])
+        return time.perf_counter() - t0
+
+    return run
+
+
+def best_inner(fn, repeat):
+    return min(fn() for _ in range(repeat)) * 1e3
+
+
+def net_path(ops):
+    net_cls = getattr(core, "Net", None)
+    if net_cls is None or not hasattr(net_cls, "AddGradientOperators"):
+        return None
+    proto = caffe2_pb2.NetDef(name="bench")
+    proto.op.extend(ops)
+
+    def run():
+        net = net_cls(proto)
+        net.AddGradientOperators(["loss"])
+
+    return run
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--max-ops", type=int, default=100001)
+    args = ap.parse_args(argv)
+
+    sizes = {"chain": [500, 2000, 10000, 50000], "ladder": [333, 1333, 6666, 33333]}
+    builders = {"chain": chain, "ladder": ladder}
+    print(
+        f"{'net':>7} {'ops':>7} {'GetBackwardPass':>16} {'per 1k ops':>11} {'growth':>7} "
+        f"{'vs proto I/O':>12} {'NetDef path':>12} {'growth':>7} {'Net.AddGradientOperators':>25}"
+    )
+    for kind, ns in sizes.items():
+        prev = prev_net = None
+        for n in ns:
+            ops = builders[kind](n)
+            if len(ops) > args.max_ops:
+                continue
+            repeat = args.repeat if len(ops) <= 20001 else max(2, args.repeat // 2)
+            ms = best(lambda ops=ops: core.GradientRegistry.GetBackwardPass(ops, ["loss"]), repeat)
+            ref = reference(ops, repeat)
+            net_ms = best_inner(proto_path(ops), repeat)
+            growth = net_growth = ""
+            if prev is not None:
+                growth = f"{(ms / prev[1]) / (len(ops) / prev[0]):.2f}"
+                net_growth = f"{(net_ms / prev_net[1]) / (len(ops) / prev_net[0]):.2f}"
+            agg = net_path(ops)
+            agg_ms = f"{best(agg, repeat):.1f} ms" if agg else "(no core.Net)"
+            target = TARGETS_MS.get(len(ops))
+            note = f"  target <= {target:g} ms" if target else ""
+            print(
+                f"{kind:>7} {len(ops):>7} {ms:>13.2f} ms {ms / len(ops) * 1e3:>8.3f} ms "
+                f"{growth:>7} {ms / ref:>11.1f}x {net_ms:>9.2f} ms {net_growth:>7} "
+                f"{agg_ms:>25}{note}"
+            )
+            prev = (len(ops), ms)
+            prev_net = (len(ops), net_ms)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Type stubs for ``ferrocaffe._native``, the compiled binding (rust/ferrocaffe-python).
+
+Keep in step with the ``#[pyfunction]``s registered in rust/ferrocaffe-python/src/lib.rs;
+tests/test_native_stubs.py checks that every public name here exists there and vice versa.
+"""
+
+__version__: str
+
+class DecodeError(ValueError):
+    """Bytes that are not a valid serialization of the expected protobuf message."""
+
+def file_descriptor_set() -> bytes:
+    """The encoded ``FileDescriptorSet`` of caffe2.proto (``caffe2_pb2`` is built from it)."""
+
+def registered_operators() -> list[str]:
+    """Every operator type the engine knows, sorted."""
+
+def roundtrip(kind: str, data: bytes) -> bytes:
+    """Decodes ``data`` as the caffe2 message ``kind`` (``"NetDef"`` or ``"caffe2.NetDef"``)
+    in Rust and returns Rust's encoding of it. Unknown fields are dropped.
+
+    Raises ``DecodeError`` for malformed bytes, ``ValueError`` for an unknown ``kind``."""
+
+def message_names() -> list[str]:
+    """Full names of every message in caffe2.proto, in schema order."""
+
+class IllegalGraphTransformError(ValueError):
+    """A graph edit that would change what other ops read (see ``ferrocaffe.graph``)."""
+
+# --- SSA (``ferrocaffe.core.ssa`` wraps these) ---------------------------------------------
+Versioned = tuple[str, int]
+SsaOp = tuple[list[Versioned], list[Versioned]]
+
+def ssa_get_ssa(
+    net: bytes, start: list[Versioned] | None = None
+) -> tuple[list[SsaOp], dict[str, int]]:
+    """``core.get_ssa`` on a serialized NetDef; ``start`` holds the starting blob versions."""
+
+def ssa_get_undefined_blobs(ssa: list[SsaOp]) -> set[str]:
+    """Blobs read before any op of ``ssa`` writes them."""
+
+def ssa_get_output_producers(ssa: list[SsaOp]) -> dict[Versioned, int]:
+    """``{(blob, version): index of the op that produced it}``."""
+
+def ssa_get_op_ids_in_path(
+    ssa: list[SsaOp], inputs: list[Versioned], outputs: list[Versioned]
+) -> list[int]:
+    """Indices of the ops on a path from ``inputs`` to ``outputs``, sorted."""
+
+# --- Graph surgery (``ferrocaffe.graph`` wraps these; nets cross as NetDef bytes) -----------
+def graph_producer_map(net: bytes) -> dict[Versioned, tuple[int, int]]: ...
+def graph_consumer_map(net: bytes) -> dict[Versioned, list[tuple[int, int]]]: ...
+def graph_rename_op_input(
+    net: bytes,
+    init_net: bytes | None,
+    op: int,
+    input: int,
+    new_name: str,
+    at_producer: bool,
+) -> tuple[bytes, bytes | None]: ...
+def graph_rename_op_output(net: bytes, op: int, output: int, new_name: str) -> bytes: ...
+def graph_remove_dead_end_ops(net: bytes) -> tuple[bytes, list[int]]: ...
+def graph_remove_ops(net: bytes, ops: list[int]) -> bytes: ...
+def graph_sub_graph_io(
+    net: bytes, ops: list[int]
+) -> tuple[list[Versioned], list[Versioned]]: ...
+def graph_find_chains(net: bytes, op_type: str, min_length: int) -> list[list[int]]: ...
+def graph_versioned_external_outputs(net: bytes) -> list[Versioned]: ...
+
+# --- Autodiff (``ferrocaffe.core.gradients`` wraps these) ----------------------------------
+# A gradient crossing the boundary: None, a blob name, or an (indices, values) pair.
+Grad = str | tuple[str, str] | None
+GradientFunction = tuple[str, object]
+
+def backward_pass(
+    ops: list[bytes],
+    ys: list[tuple[str, object]],
+    functions: list[GradientFunction] = ...,
+    adapter: object | None = None,
+    next_net_name: object | None = None,
+    name_scope: str = "",
+    device_scope: bytes | None = None,
+    with_state: bool = False,
+    slice_type: type | None = None,
+) -> tuple[bytes, dict[str, object], object]:
+    """Backward pass of serialized forward ops: (gradient NetDef bytes, grad map, IR state)."""
+
+def backward_pass_net(
+    net: bytes,
+    skip: int,
+    ys: list[tuple[str, object]],
+    functions: list[GradientFunction] = ...,
+    adapter: object | None = None,
+    next_net_name: object | None = None,
+    name_scope: str = "",
+    device_scope: bytes | None = None,
+    slice_type: type | None = None,
+) -> tuple[bytes, dict[str, object]]:
+    """Backward pass of a serialized NetDef's ops from ``skip`` on."""
+
+def gradient_for_op(
+    op: bytes,
+    g_output: list[Grad],
+    functions: list[GradientFunction] = ...,
+    adapter: object | None = None,
+    next_net_name: object | None = None,
+    name_scope: str = "",
+    device_scope: bytes | None = None,
+) -> tuple[bytes, list[Grad]]:
+    """Gradient ops (as NetDef bytes) and input gradients of one serialized operator."""
+
+def ir_state(ops: list[bytes], check: bool = True) -> object:
+    """Caffe2's IR state (ssa, frontier, input usages...) after playing serialized ops."""
+
+# --- Runtime (``ferrocaffe.workspace`` wraps these) ------------------------------------------
+class TensorBuffer:
+    """Keeps a tensor's memory alive as the base of a zero-copy numpy array."""
+
+class Workspace:
+    """A Rust workspace: named blobs, created nets. Every run releases the GIL."""
+
+    def __init__(self) -> None: ...
+    def feed(self, name: str, array: object) -> None: ...
+    def feed_strings(self, name: str, dims: list[int], values: list[bytes]) -> None: ...
+    def feed_bytes(self, name: str, value: bytes) -> None: ...
+    def fetch(self, name: str) -> object: ...
+    def blob_type(self, name: str) -> str: ...
+    def has_blob(self, name: str) -> bool: ...
+    def remove_blob(self, name: str) -> bool: ...
+    def blobs(self) -> list[str]: ...
+    def create_blob(self, name: str) -> None: ...
+    def create_net(self, net: bytes, overwrite: bool) -> str: ...
+    def run_net(self, name: str, num_iter: int = 1) -> None: ...
+    def run_net_once(self, net: bytes) -> None: ...
+    def run_operator_once(self, op: bytes) -> None: ...
+    def run_plan(self, plan: bytes) -> None: ...
+    def nets(self) -> list[str]: ...
+    def has_net(self, name: str) -> bool: ...
+    def delete_net(self, name: str) -> bool: ...
+    def reset(self) -> None: ...
+    root_folder: str
+
+def kernel_types() -> list[str]:
+    """Op types that have a kernel, sorted."""

@@ -1,0 +1,1059 @@
+"""Caffe2's ``optimizer`` module: parameter-update operators for a model whose gradients exist.
+
+    model.AddGradientOperators([loss])
+    optimizer.build_sgd(model, base_learning_rate=0.1, policy="step", stepsize=1, gamma=0.9)
+
+``build_*`` creates one optimizer object and runs it for every parameter that has a gradient
+(``model.GetOptimizationParamInfo()``), each under the device scope of the op that creates the
+parameter. What every optimizer shares:
+
+* an int64 iteration counter ``optimizer_iteration`` (ConstantFill + CreateMutex in the init
+  net, ``AtomicIter`` in the net; ``utils.BuildUniqueMutexIter``);
+* a ``LearningRate`` op per optimizer instance and device, writing
+  ``<Class>_<instance>_lr_<device>`` (``SgdOptimizer_0_lr_cpu``, ``..._gpu0``) with
+  ``base_lr`` negated (descent) and ``policy`` plus any extra keyword arguments of the
+  optimizer (``stepsize``, ``gamma``, ...) as LearningRate arguments;
+* per-parameter state in the init net, named after the parameter (``<param>_momentum``,
+  ``<param>_squared_sum``, ``<param>_first_moment``, ...).
+
+Dense gradients are blobs; sparse ones are ``core.GradientSlice(indices, values)`` and use the
+sparse update ops (optionally after ``DeduplicateGradientSlices``).
+"""
+
+import copy
+import logging
+from collections import defaultdict, namedtuple
+
+import numpy as np
+
+from ferrocaffe import core, scope, utils
+from ferrocaffe.modeling import parameter_info
+from ferrocaffe.proto import caffe2_pb2
+
+__all__ = [
+    "AuxOptimizerParams",
+    "Optimizer",
+    "SgdOptimizer",
+    "MultiPrecisionSgdOptimizer",
+    "FP16SgdOptimizer",
+    "WeightDecayBuilder",
+    "AdagradOptimizer",
+    "AdamOptimizer",
+    "build_sgd",
+    "build_multi_precision_sgd",
+    "build_fp16_sgd",
+    "build_adagrad",
+    "build_adam",
+    "add_weight_decay",
+    "get_param_device",
+    "get_lr_injection",
+    "set_lr_injection",
+    "reset_optimizer_instance_count",
+]
+
+_LEARNING_RATE_INJECTION = "lr_injection"
+
+AuxOptimizerParams = namedtuple("AuxOptimizerParams", ["local", "shared"])
+
+# Instances created so far per optimizer class: part of the learning-rate blob names.
+_optimizer_instance_count = defaultdict(int)
+
+FP16_ENGINES = ["SIMD_Q_FP16", "SIMD_Q_STOC_FP16", "SIMD_Q_STOC_MKL_FP16"]
+
+logger = logging.getLogger(__name__)
+
+
+def reset_optimizer_instance_count():
+    """Forget how many optimizers were created (blob names start from ``_0`` again)."""
+    _optimizer_instance_count.clear()
+
+
+# Ops whose output has the shape of their first input, for the init-net shape lookup.
+_SHAPE_PRESERVING = frozenset(("FloatToHalf", "HalfToFloat", "Copy", "Cast", "Alias"))
+
+
+def _init_net_shapes(init_net):
+    """Shapes of the blobs that an init net's fill ops create, read from their arguments.
+
+    Caffe2 asked its C++ shape inference here (``workspace.InferShapesAndTypes``); for init
+    nets, which hold fill ops, the ``shape`` / ``extra_shape`` / ``input_as_shape`` arguments
+    give the same answer. Blobs whose shape cannot be read are absent."""
+    shapes = {}
+    for op in init_net.Proto().op:
+        if not op.output:
+            continue
+        args = {a.name: a for a in op.arg}
+        shape = None
+        if op.type in _SHAPE_PRESERVING and op.input:
+            shape = shapes.get(op.input[0])
+        elif op.type.endswith("Fill"):
+            as_shape = "input_as_shape" in args and args["input_as_shape"].i
+            if "shape" in args and not as_shape:
+                shape = list(args["shape"].ints)
+            elif op.input and not as_shape:
+                shape = shapes.get(op.input[0])
+                if shape is not None:
+                    shape = list(shape)
+            if shape is not None and "extra_shape" in args:
+                shape = shape + list(args["extra_shape"].ints)
+        if shape is not None:
+            shapes[op.output[0]] = shape
+    return shapes
+
+
+class Optimizer:
+    """Base class: ``optimizer(net, param_init_net, param_info)`` (or ``(net, init_net, param,
+    grad)``) adds the update ops of one parameter. Subclasses implement ``_run``."""
+
+    def __init__(self):
+        self._aux_params = AuxOptimizerParams(local=[], shared=[])
+        self._instance_num = _optimizer_instance_count[self.__class__.__name__]
+        _optimizer_instance_count[self.__class__.__name__] += 1
+        self._lr_multiplier = None
+        self._local_lr_multiplier = None
+        self._local_lr_multiplier_on_gpu = False
+        self._use_dedicated_lr_iteration_counter = False
+
+    def __call__(self, net, param_init_net, param, grad=None):
+        if grad is None:
+            assert isinstance(param, parameter_info.ParameterInfo), (
+                f"Expected parameter to be of type ParameterInfo, got {param}"
+            )
+            assert param.grad is not None
+        else:
+            if isinstance(param, str):
+                param = core.BlobReference(param)
+            param = parameter_info.ParameterInfo(param_id=None, param=param, grad=grad)
+        self._run(net, param_init_net, param)
+
+    def _run(self, net, param_init_net, param_info):
+        raise TypeError(f"{type(self).__name__} does not implement _run")
+
+    def get_cpu_blob_name(self, base_str, node_name=""):
+        return f"{self.__class__.__name__}_{self._instance_num}_{base_str}{node_name}_cpu"
+
+    def get_gpu_blob_name(self, base_str, gpu_id, node_name):
+        return f"{self.__class__.__name__}_{self._instance_num}_{base_str}{node_name}_gpu{gpu_id}"
+
+    @property
+    def attributes(self):
+        """The optimizer's settings (its attributes, without the instance number)."""
+        attr = copy.deepcopy(self.__dict__)
+        del attr["_instance_num"]
+        return attr
+
+    @property
+    def use_dedicated_lr_iteration_counter(self):
+        return self._use_dedicated_lr_iteration_counter
+
+    @use_dedicated_lr_iteration_counter.setter
+    def use_dedicated_lr_iteration_counter(self, val):
+        self._use_dedicated_lr_iteration_counter = val
+
+    def make_unique_blob_name(self, base_str):
+        """``base_str`` made unique to this optimizer instance and the current device."""
+        current_scope = scope.CurrentDeviceScope()
+        if current_scope is None:
+            return self.get_cpu_blob_name(base_str)
+        if core.IsGPUDeviceType(current_scope.device_type):
+            return self.get_gpu_blob_name(
+                base_str, current_scope.device_id, current_scope.node_name
+            )
+        return self.get_cpu_blob_name(base_str, current_scope.node_name)
+
+    def build_lr(
+        self,
+        net,
+        param_init_net,
+        base_learning_rate,
+        learning_rate_blob=None,
+        policy="fixed",
+        iter_val=0,
+        **kwargs,
+    ):
+        """The learning-rate blob (created once per name) and the iteration blob.
+
+        ``LearningRate([iteration], lr, base_lr=-base_learning_rate, policy=policy, **kwargs)``;
+        then ``Mul`` by the global multiplier (copied with ``CopyFromCPUInput``) and by the
+        local one when they are set.
+        """
+        if learning_rate_blob is None:
+            learning_rate_blob = self.make_unique_blob_name("lr")
+
+        if self._use_dedicated_lr_iteration_counter:
+            iteration = utils.BuildUniqueMutexIter(
+                param_init_net,
+                net,
+                iter=utils.OPTIMIZER_ITERATION_LR_NAME,
+                iter_mutex=utils.ITERATION_MUTEX_LR_NAME,
+                iter_val=iter_val,
+            )
+            logger.info("Created dedicated learning rate iteration counter: %s", iteration)
+        else:
+            iteration = utils.BuildUniqueMutexIter(param_init_net, net, iter_val=iter_val)
+
+        if not net.BlobIsDefined(learning_rate_blob):
+            # Minimizing: the step goes against the gradient, so the rate is negative.
+            lr = net.LearningRate(
+                [iteration],
+                learning_rate_blob,
+                base_lr=-base_learning_rate,
+                policy=policy,
+                **kwargs,
+            )
+        else:
+            lr = net.GetBlobRef(learning_rate_blob)
+
+        if self._lr_multiplier is not None:
+            lr_multiplier = net.CopyFromCPUInput(
+                self._lr_multiplier, self.make_unique_blob_name("lr_multiplier")
+            )
+            lr = net.Mul([lr, lr_multiplier], self.make_unique_blob_name("scaled_lr"), broadcast=1)
+
+        if self._local_lr_multiplier is not None:
+            current_scope = scope.CurrentDeviceScope()
+            if (
+                current_scope is not None
+                and core.IsGPUDeviceType(current_scope.device_type)
+                and not self._local_lr_multiplier_on_gpu
+            ):
+                local_lr_multiplier = net.CopyFromCPUInput(
+                    self._local_lr_multiplier,
+                    self.make_unique_blob_name("local_lr_multiplier"),
+                )
+            else:
+                local_lr_multiplier = self._local_lr_multiplier
+            lr = net.Mul(
+                [lr, local_lr_multiplier],
+                self.make_unique_blob_name("local_scaled_lr"),
+                broadcast=1,
+            )
+        return lr, iteration
+
+    def build_non_lr_iter(self, net, param_init_net, iter_val=0):
+        """The general iteration counter when the learning rate has its own; a dummy
+        ``LearningRate`` (``iter_placement_hint``) pins it to the trainer."""
+        assert self._use_dedicated_lr_iteration_counter, (
+            "This method should be only called when dedicated learning rate iteration "
+            "counter is used."
+        )
+        iteration = utils.BuildUniqueMutexIter(param_init_net, net, iter_val=iter_val)
+        logger.info("Created iteration counter for non learning rate purposes: %s", iteration)
+        hint = self.make_unique_blob_name("iter_placement_hint")
+        if not net.BlobIsDefined(hint):
+            net.LearningRate([iteration], hint, base_lr=1.0, policy="fixed")
+        return iteration
+
+    def add_lr_multiplier(self, lr_multiplier):
+        """Multiply every later learning rate by this blob (replaces an earlier one)."""
+        self._lr_multiplier = lr_multiplier
+
+    def _add_local_lr_multiplier(self, local_lr_multiplier, is_gpu_blob=False):
+        self._local_lr_multiplier = local_lr_multiplier
+        self._local_lr_multiplier_on_gpu = is_gpu_blob
+
+    def _clear_local_lr_multiplier(self):
+        self._local_lr_multiplier = None
+        self._local_lr_multiplier_on_gpu = False
+
+    @staticmethod
+    def dedup(net, sparse_dedup_aggregator, grad):
+        """Merge the rows of a GradientSlice that share an index ('sum' or 'mean'), or return
+        it unchanged without an aggregator."""
+        assert isinstance(grad, core.GradientSlice), (
+            f"Dedup only works for sparse gradient, got {grad}"
+        )
+        if sparse_dedup_aggregator:
+            return net.DeduplicateGradientSlices(grad, aggregator=sparse_dedup_aggregator)
+        return grad
+
+    def get_auxiliary_parameters(self):
+        """``AuxOptimizerParams(local, shared)``: per-parameter state blobs (momentum, squared
+        sums, ...) and blobs shared by all parameters (``ONE``, the iteration)."""
+        return self._aux_params
+
+    def scale_learning_rate(self, *args, **kwargs):
+        raise TypeError(f"{type(self).__name__} does not support scale_learning_rate")
+
+    def create_lars_inputs(self, param_init_net, weight_decay, trust, lr_max):
+        wd = param_init_net.ConstantFill([], "weight_decay", shape=[1], value=weight_decay)
+        trust = param_init_net.ConstantFill([], "trust", shape=[1], value=trust)
+        lr_max = param_init_net.ConstantFill([], "lr_max", shape=[1], value=lr_max)
+        return wd, trust, lr_max
+
+    def _add_lars(self, net, param_init_net, param, grad):
+        """A ``Lars`` op computing this parameter's local learning-rate multiplier."""
+        assert self.lars >= 0, f"Lars offset must be nonnegative, got {self.lars}"
+        wd, trust, lr_max = self.create_lars_inputs(
+            param_init_net, 0.0, 1.0, np.finfo(np.float32).max
+        )
+        multiplier = net.Lars(
+            [param, grad, wd, trust, lr_max],
+            self.make_unique_blob_name(str(param) + "_lars"),
+            offset=self.lars,
+            lr_min=0.0,
+        )
+        current_scope = scope.CurrentDeviceScope()
+        self._add_local_lr_multiplier(
+            multiplier,
+            is_gpu_blob=(
+                current_scope is not None and core.IsGPUDeviceType(current_scope.device_type)
+            ),
+        )
+
+
+def _device_or_cpu():
+    dev = scope.CurrentDeviceScope()
+    return dev if dev is not None else core.DeviceOption(caffe2_pb2.CPU)
+
+
+class SgdOptimizer(Optimizer):
+    """Plain SGD (``WeightedSum`` / ``ScatterWeightedSum``) or, with ``momentum > 0``,
+    ``MomentumSGDUpdate`` / ``SparseMomentumSGDUpdate`` (``nesterov`` on by default).
+
+    Extra keyword arguments go to the ``LearningRate`` op (policy parameters)."""
+
+    def __init__(
+        self,
+        base_learning_rate=0.01,
+        policy="fixed",
+        momentum=0.0,
+        nesterov=True,
+        sparse_dedup_aggregator=None,
+        lars=None,
+        **kwargs,
+    ):
+        super().__init__()
+        self.base_learning_rate = base_learning_rate
+        self.policy = policy
+        self.momentum = momentum
+        self.nesterov = nesterov
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.lars = lars
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param_info):
+        param = param_info.blob
+        grad = param_info.grad
+        if self.base_learning_rate == 0:
+            return
+        assert self.base_learning_rate > 0, (
+            f"Expect positive base learning rate, got {self.base_learning_rate}"
+        )
+        self._clear_local_lr_multiplier()
+        if self.lars is not None and not isinstance(grad, core.GradientSlice):
+            self._add_lars(net, param_init_net, param, grad)
+
+        # WeightedSum adds lr * grad, so without momentum the rate itself is the (negative)
+        # step; the momentum ops subtract, so they get the positive rate.
+        lr_sign = -1 if self.momentum else 1
+        lr, _ = self.build_lr(
+            net,
+            param_init_net,
+            base_learning_rate=self.base_learning_rate * lr_sign,
+            policy=self.policy,
+            **self.init_kwargs,
+        )
+
+        # One constant per device.
+        dev = _device_or_cpu()
+        one = param_init_net.ConstantFill(
+            [], f"ONE_{dev.device_type}_{dev.device_id}{dev.node_name}", shape=[1], value=1.0
+        )
+        self._aux_params.shared.append(one)
+
+        if self.momentum > 0:
+            momentum_data = param_init_net.ConstantFill(param, str(param) + "_momentum", value=0.0)
+            self._aux_params.local.append(momentum_data)
+
+        if isinstance(grad, core.GradientSlice):
+            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+            if self.momentum > 0.0:
+                net.SparseMomentumSGDUpdate(
+                    [grad.values, momentum_data, lr, param, grad.indices],
+                    [grad.values, momentum_data, param],
+                    momentum=self.momentum,
+                    nesterov=self.nesterov,
+                )
+            else:
+                net.ScatterWeightedSum([param, one, grad.indices, grad.values, lr], param)
+        elif self.momentum > 0.0:
+            net.MomentumSGDUpdate(
+                [grad, momentum_data, lr, param],
+                [grad, momentum_data, param],
+                momentum=self.momentum,
+                nesterov=self.nesterov,
+            )
+        else:
+            net.WeightedSum([param, one, grad, lr], param)
+
+    def scale_learning_rate(self, scale):
+        self.base_learning_rate *= scale
+
+
+class MultiPrecisionSgdOptimizer(SgdOptimizer):
+    """Momentum SGD on the float32 master copy of a float16 parameter (``blob_copy``, as
+    made by ``PseudoFP16Initializer``): HalfToFloat of the gradient, MomentumSGDUpdate in
+    float32, FloatToHalf back. Parameters without a float32 copy use SgdOptimizer."""
+
+    def __init__(
+        self,
+        base_learning_rate=0.1,
+        momentum=0.0,
+        policy="fixed",
+        nesterov=True,
+        sparse_dedup_aggregator=None,
+        **kwargs,
+    ):
+        super().__init__(
+            base_learning_rate=base_learning_rate,
+            policy=policy,
+            momentum=momentum,
+            nesterov=nesterov,
+            sparse_dedup_aggregator=sparse_dedup_aggregator,
+            **kwargs,
+        )
+
+    def _run(self, net, param_init_net, param_info):
+        param = param_info.blob
+        param_fp32 = (
+            param_info.blob_copy[core.DataType.FLOAT] if param_info.blob_copy is not None else None
+        )
+        if param_fp32 is None:
+            return SgdOptimizer._run(self, net, param_init_net, param_info)
+
+        grad = param_info.grad
+        if self.base_learning_rate == 0:
+            return
+        assert self.base_learning_rate > 0, (
+            f"Expect positive base learning rate, got {self.base_learning_rate}"
+        )
+        lr, _ = self.build_lr(
+            net,
+            param_init_net,
+            base_learning_rate=-self.base_learning_rate,
+            policy=self.policy,
+            **self.init_kwargs,
+        )
+        momentum_data = param_init_net.ConstantFill(param_fp32, str(param) + "_momentum", value=0.0)
+        self._aux_params.local.append(momentum_data)
+        assert not isinstance(grad, core.GradientSlice), (
+            "MultiPrecisionSgd does not support sparse gradients"
+        )
+        grad_fp32 = net.HalfToFloat(grad, grad + "_fp32")
+        net.MomentumSGDUpdate(
+            [grad_fp32, momentum_data, lr, param_fp32],
+            [grad_fp32, momentum_data, param_fp32],
+            momentum=self.momentum,
+            nesterov=self.nesterov,
+        )
+        net.FloatToHalf(param_fp32, param)
+
+
+class FP16SgdOptimizer(SgdOptimizer):
+    """Momentum SGD with weight decay in float16 (``FP16MomentumSGDUpdate``) or, for float32
+    parameters (no float16 copy, or a name containing 'spatbn'), ``FP32MomentumSGDUpdate``."""
+
+    def __init__(
+        self,
+        base_learning_rate=0.1,
+        momentum=0.0,
+        policy="fixed",
+        nesterov=True,
+        weight_decay=0.0001,
+        sparse_dedup_aggregator=None,
+        **kwargs,
+    ):
+        super().__init__(
+            base_learning_rate=base_learning_rate,
+            policy=policy,
+            momentum=momentum,
+            nesterov=nesterov,
+            sparse_dedup_aggregator=sparse_dedup_aggregator,
+            **kwargs,
+        )
+        self.weight_decay = weight_decay
+
+    def _run(self, net, param_init_net, param_info, fp32_update=False):
+        # SpatialBN parameters stay float32 (cuDNN wants them so).
+        if str(param_info.blob).find("spatbn") != -1:
+            fp32_update = True
+        param = param_fp32 = param_info.blob
+        fp32_update_flag = 1
+        if not fp32_update and param_info.blob_copy is not None:
+            if core.DataType.FLOAT in param_info.blob_copy:
+                param_fp32 = param_info.blob_copy[core.DataType.FLOAT]
+                fp32_update_flag = 0
+            elif core.DataType.FLOAT16 in param_info.blob_copy:
+                param = param_info.blob_copy[core.DataType.FLOAT16]
+                fp32_update_flag = 0
+
+        grad = param_info.grad
+        if self.base_learning_rate == 0:
+            return
+        assert self.base_learning_rate > 0, (
+            f"Expect positive base learning rate, got {self.base_learning_rate}"
+        )
+        lr, _ = self.build_lr(
+            net,
+            param_init_net,
+            base_learning_rate=-self.base_learning_rate,
+            policy=self.policy,
+            **self.init_kwargs,
+        )
+        momentum_data_fp32 = param_init_net.ConstantFill(
+            param_fp32, str(param) + "_momentum_fp32", value=0.0
+        )
+        momentum_data = param_init_net.FloatToHalf(momentum_data_fp32, str(param) + "_momentum")
+        self._aux_params.local.append(momentum_data)
+        assert not isinstance(grad, core.GradientSlice), "FP16Sgd does not support sparse gradients"
+        if fp32_update_flag == 0:
+            net.FP16MomentumSGDUpdate(
+                [grad, momentum_data, lr, param],
+                [grad, momentum_data, param],
+                momentum=self.momentum,
+                nesterov=self.nesterov,
+                weight_decay=self.weight_decay,
+            )
+        else:
+            net.FP32MomentumSGDUpdate(
+                [grad, momentum_data_fp32, lr, param],
+                [grad, momentum_data_fp32, param],
+                momentum=self.momentum,
+                nesterov=self.nesterov,
+                weight_decay=self.weight_decay,
+            )
+
+
+class WeightDecayBuilder(Optimizer):
+    """L2 weight decay folded into the gradient: ``WeightedSum([grad, ONE, param, wd], grad)``
+    with per-device constants ``ONE_<type>_<id>`` and ``wd_<type>_<id>``."""
+
+    def __init__(self, weight_decay):
+        # Caffe2 does not run Optimizer.__init__ here: no instance number, no aux params.
+        self.weight_decay = weight_decay
+        self._lr_multiplier = None
+
+    def _run(self, net, param_init_net, param_info):
+        dev = _device_or_cpu()
+        one = param_init_net.ConstantFill(
+            [], f"ONE_{dev.device_type}_{dev.device_id}", shape=[1], value=1.0
+        )
+        wd = param_init_net.ConstantFill(
+            [], f"wd_{dev.device_type}_{dev.device_id}", shape=[1], value=self.weight_decay
+        )
+        if isinstance(param_info.grad, core.GradientSlice):
+            raise ValueError("Weight decay does not yet support sparse gradients")
+        net.WeightedSum([param_info.grad, one, param_info.blob, wd], param_info.grad)
+
+
+class AdagradOptimizer(Optimizer):
+    """Adagrad: ``Adagrad`` for dense gradients, ``SparseAdagrad`` (or, with ``rowWise``, one
+    accumulator per row: ``RowWiseSparseAdagrad``) for GradientSlices.
+
+    ``weight_decay`` applies to parameters with more than one dimension; ``lars`` adds a
+    per-parameter LARS multiplier; ``output_effective_lr`` (``_and_update``) adds the
+    ``<param>_effective_lr`` (and ``<param>_update``) outputs; ``counter_halflife > 0`` keeps
+    per-row update counters (``RowWiseCounter``). The pruning, SWA, EMA and weight-scale
+    options of later Caffe2 versions are not supported (a ValueError names them).
+    """
+
+    def __init__(
+        self,
+        alpha=0.01,
+        epsilon=1e-4,
+        decay=1,
+        weight_decay=0.0,
+        policy="fixed",
+        sparse_dedup_aggregator=None,
+        rowWise=False,
+        engine="",
+        lars=None,
+        output_effective_lr=False,
+        output_effective_lr_and_update=False,
+        pruning_options=None,
+        swa_options=None,
+        ema_options=None,
+        weight_scale=None,
+        counter_halflife=-1,
+        use_dedicated_lr_iteration_counter=False,
+        **kwargs,
+    ):
+        super().__init__()
+        unsupported = [
+            name
+            for name, value in (
+                ("pruning_options", pruning_options),
+                ("swa_options", swa_options),
+                ("ema_options", ema_options),
+                ("weight_scale", weight_scale),
+            )
+            if value
+        ]
+        if unsupported:
+            raise ValueError(f"AdagradOptimizer: unsupported options {unsupported}")
+        self.alpha = alpha
+        self.epsilon = epsilon
+        self.decay = decay
+        self.weight_decay = float(weight_decay)
+        self.policy = policy
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.rowWise = rowWise
+        self.engine = engine
+        self.lars = lars
+        self.output_effective_lr = output_effective_lr
+        self.output_effective_lr_and_update = output_effective_lr_and_update
+        self.counter_halflife = counter_halflife
+        self.init_kwargs = kwargs
+        self.use_dedicated_lr_iteration_counter = use_dedicated_lr_iteration_counter
+
+    def _row_state(self, param_init_net, param, suffix, shapes, **fill_kwargs):
+        """A ``[rows]`` state blob: from the known shape, or via Shape/Slice of the param."""
+        if str(param) in shapes:
+            return param_init_net.ConstantFill(
+                [], str(param) + suffix, shape=[shapes[str(param)][0]], **fill_kwargs
+            )
+        shape = param_init_net.Shape(param, str(param) + "_shape")
+        num_rows = param_init_net.Slice([shape], str(shape) + "_numrows", starts=[0], ends=[1])
+        return param_init_net.ConstantFill(
+            num_rows, str(param) + suffix, input_as_shape=1, **fill_kwargs
+        )
+
+    def _run(self, net, param_init_net, param_info):
+        param = param_info.blob
+        grad = param_info.grad
+        if self.alpha <= 0:
+            return
+        self._clear_local_lr_multiplier()
+        if self.lars is not None and not isinstance(grad, core.GradientSlice):
+            assert self.weight_decay == 0, "weight decay is not implemented for LARS yet"
+            self._add_lars(net, param_init_net, param, grad)
+
+        lr, lr_iteration = self.build_lr(
+            net,
+            param_init_net,
+            base_learning_rate=self.alpha,
+            policy=self.policy,
+            **self.init_kwargs,
+        )
+        iteration = (
+            self.build_non_lr_iter(net, param_init_net, iter_val=0)
+            if self._use_dedicated_lr_iteration_counter
+            else lr_iteration
+        )
+        if self.counter_halflife > 0:
+            self._aux_params.shared.append(iteration)
+
+        if self.rowWise:
+            shapes = _init_net_shapes(param_init_net)
+            param_squared_sum = self._row_state(
+                param_init_net, param, "_avg_squared_sum", shapes, value=0.0
+            )
+        elif self.engine in FP16_ENGINES:
+            assert self.weight_decay == 0, f"weight decay is not tested for engine: {self.engine}"
+            shapes = _init_net_shapes(param_init_net)
+            assert str(param) in shapes, shapes
+            param_squared_sum = param_init_net.Float16ConstantFill(
+                [], str(param) + "_squared_sum", value=0.0, shape=shapes[str(param)]
+            )
+        else:
+            param_squared_sum = param_init_net.ConstantFill(
+                [param], str(param) + "_squared_sum", value=0.0
+            )
+        self._aux_params.local.append(param_squared_sum)
+
+        if self.counter_halflife > 0:
+            shapes = _init_net_shapes(param_init_net)
+            update_counter = self._row_state(
+                param_init_net,
+                param,
+                "_update_counter",
+                shapes,
+                value=0.0,
+                dtype=core.DataType.DOUBLE,
+            )
+            prev_update_iter = self._row_state(
+                param_init_net,
+                param,
+                "_prev_update_iter",
+                shapes,
+                value=0,
+                dtype=core.DataType.INT64,
+            )
+            self._aux_params.local.append(update_counter)
+            self._aux_params.local.append(prev_update_iter)
+
+        if self.rowWise:
+            assert isinstance(grad, core.GradientSlice), (
+                "If SparseAdagrad with rowWise=True, gradient must be a gradientslice. "
+                "PLease ensure that rowWise is not enabled for the dense Adagrad optimizer, "
+                "as it is not supported."
+            )
+
+        # No weight decay for 1-d parameters (biases, scales).
+        weight_decay = 0.0
+        if self.weight_decay > 0:
+            param_shape = _init_net_shapes(param_init_net).get(str(param))
+            if param_shape is not None and len(param_shape) != 1:
+                weight_decay = self.weight_decay
+            else:
+                logger.warning(
+                    "SKIPPING weight decay on 1d param: %s.shape is %s", param, param_shape
+                )
+
+        if isinstance(grad, core.GradientSlice):
+            assert self.decay == 1.0, (
+                "Decay is not implemented for SparseAdagrad and must be set to 1"
+            )
+            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+            input_args = [param, param_squared_sum, grad.indices, grad.values, lr]
+            output_args = [param, param_squared_sum]
+            if self.rowWise:
+                if self.counter_halflife > 0:
+                    input_args += [update_counter]
+                op = "RowWiseSparseAdagrad"
+            else:
+                op = "SparseAdagrad"
+            op_kwargs = {"epsilon": self.epsilon}
+            if weight_decay > 0:
+                op_kwargs["weight_decay"] = weight_decay
+            op_kwargs["engine"] = self.engine
+            if weight_decay > 0 and self.counter_halflife != -1:
+                op_kwargs["counter_halflife"] = self.counter_halflife
+            getattr(net, op)(input_args, output_args, **op_kwargs)
+            if self.counter_halflife > 0:
+                net.RowWiseCounter(
+                    [prev_update_iter, update_counter, grad.indices, iteration],
+                    [prev_update_iter, update_counter],
+                    counter_halflife=self.counter_halflife,
+                )
+        else:
+            input_args = [param, param_squared_sum, grad, lr]
+            output_args = [param, param_squared_sum]
+            if self.output_effective_lr_and_update:
+                output_args.append(str(param) + "_effective_lr")
+                output_args.append(str(param) + "_update")
+            elif self.output_effective_lr:
+                output_args.append(str(param) + "_effective_lr")
+            op_kwargs = {"epsilon": self.epsilon, "decay": float(self.decay)}
+            if weight_decay > 0:
+                op_kwargs["weight_decay"] = weight_decay
+            net.Adagrad(input_args, output_args, engine=self.engine, **op_kwargs)
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
+class AdamOptimizer(Optimizer):
+    """Adam: ``Adam`` / ``SparseAdam`` (``RowWiseSparseAdam`` with ``rowWise``,
+    ``SmartDecaySparseAdam`` with ``use_smart_decay``) with moments ``<param>_first_moment``
+    and ``<param>_second_moment`` (``_avg_second_moment`` row-wise); ``use_lr_adaption`` adds a
+    ``LearningRateAdaption`` op driven by ``<param>_effective_grad``."""
+
+    def __init__(
+        self,
+        alpha=0.001,
+        beta1=0.9,
+        beta2=0.999,
+        epsilon=1e-8,
+        policy="fixed",
+        use_lr_adaption=False,
+        lr_alpha=0.01,
+        normalized_lr_adaption=True,
+        sparse_dedup_aggregator=None,
+        rowWise=False,
+        engine="",
+        enableRAdam=False,
+        use_smart_decay=False,
+        **kwargs,
+    ):
+        super().__init__()
+        self.alpha = alpha
+        self.beta1 = beta1
+        self.beta2 = beta2
+        self.epsilon = epsilon
+        self.policy = policy
+        self.use_lr_adaption = use_lr_adaption
+        self.lr_alpha = lr_alpha
+        self.normalized_lr_adaption = normalized_lr_adaption
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.rowWise = rowWise
+        self.engine = engine
+        self.enableRAdam = enableRAdam
+        if use_smart_decay:
+            for flag, name in (
+                (rowWise, "rowWise"),
+                (enableRAdam, "RAdam"),
+                (use_lr_adaption, "lr_adaption"),
+            ):
+                if flag:
+                    raise ValueError(f"Smart decay is not implemented with {name}.")
+        self.use_smart_decay = use_smart_decay
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param_info):
+        param = param_info.blob
+        grad = param_info.grad
+        if self.alpha <= 0:
+            return
+        lr, iteration = self.build_lr(
+            net,
+            param_init_net,
+            base_learning_rate=self.alpha,
+            policy=self.policy,
+            **self.init_kwargs,
+        )
+        m1 = param_init_net.ConstantFill([param], param + "_first_moment", value=0.0)
+        if self.rowWise:
+            rows = _init_net_shapes(param_init_net)[str(param)][0]
+            m2 = param_init_net.ConstantFill(
+                [], param + "_avg_second_moment", shape=[rows], value=0.0
+            )
+        else:
+            m2 = param_init_net.ConstantFill([param], param + "_second_moment", value=0.0)
+
+        if self.use_smart_decay:
+            rows = _init_net_shapes(param_init_net)[str(param)][0]
+            last_seen = param_init_net.ConstantFill(
+                [], param + "_last_seen", shape=[rows], value=0, dtype=core.DataType.INT64
+            )
+            self._aux_params.local.append(last_seen)
+
+        self._aux_params.shared.append(iteration)
+        self._aux_params.local.append(m1)
+        self._aux_params.local.append(m2)
+
+        if self.rowWise:
+            assert isinstance(grad, core.GradientSlice), (
+                "If SparseAdam with rowWise=True, gradient must be a gradientslice. PLease "
+                "ensure that rowWise is not enabled for the dense Adam optimizer, as it is not "
+                "supported."
+            )
+
+        output_blobs = [param, m1, m2]
+        if self.use_smart_decay:
+            output_blobs.append(last_seen)
+        if self.use_lr_adaption:
+            effective_grad = str(param) + "_effective_grad"
+            output_blobs.append(effective_grad)
+
+        moments = dict(beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon)
+        if isinstance(grad, core.GradientSlice):
+            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+            if self.rowWise:
+                assert not self.enableRAdam, (
+                    "Currently, RowWiseSparseAdam is not supported by RAdam!"
+                )
+                net.RowWiseSparseAdam(
+                    [param, m1, m2, grad.indices, grad.values, lr, iteration],
+                    output_blobs,
+                    **moments,
+                )
+            elif self.use_smart_decay:
+                net.SmartDecaySparseAdam(
+                    [param, m1, m2, last_seen, grad.indices, grad.values, lr, iteration],
+                    output_blobs,
+                    **moments,
+                )
+            else:
+                net.SparseAdam(
+                    [param, m1, m2, grad.indices, grad.values, lr, iteration],
+                    output_blobs,
+                    **moments,
+                    enableRAdam=self.enableRAdam,
+                )
+            adaption_grad = grad.values
+        else:
+            net.Adam([param, m1, m2, grad, lr, iteration], output_blobs, **moments)
+            adaption_grad = grad
+        if self.use_lr_adaption:
+            net.LearningRateAdaption(
+                [lr, adaption_grad, effective_grad],
+                [lr],
+                lr_alpha=self.lr_alpha,
+                normalized_lr_adaption=self.normalized_lr_adaption,
+            )
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
+# ------------------------------------------------------------------------------- building
+def _get_param_to_device(model):
+    """Blob -> device option of the op that writes it (net first, then the init net)."""
+    param_to_device = core.InferBlobDevices(model.net)
+    param_to_device.update(core.InferBlobDevices(model.param_init_net))
+    return param_to_device
+
+
+def get_param_device(param_name, grad, param_to_device=None, default_device=None):
+    """The device of ``param_name``'s producer, else of its gradient's (values, then indices
+    for a GradientSlice), else ``default_device``; an AssertionError when none is known."""
+    device = default_device
+    param_to_device = param_to_device or {}
+    if param_name in param_to_device:
+        device = param_to_device[param_name]
+    elif isinstance(grad, core.GradientSlice):
+        if str(grad.values) in param_to_device:
+            device = param_to_device[str(grad.values)]
+        elif str(grad.indices) in param_to_device:
+            device = param_to_device[str(grad.indices)]
+    elif str(grad) in param_to_device:
+        device = param_to_device[str(grad)]
+    assert device is not None, f"Cannot infer device for {param_name}: no op creates it"
+    return device
+
+
+def get_lr_injection():
+    """The current value of the learning-rate injection multiplier (models built with
+    ``allow_lr_injection=True``)."""
+    from ferrocaffe import workspace
+
+    return workspace.FetchBlob(_LEARNING_RATE_INJECTION)
+
+
+def set_lr_injection(lr_injection_value):
+    """Set the multiplier applied to every learning rate (``allow_lr_injection=True``)."""
+    from ferrocaffe import workspace
+
+    workspace.FeedBlob(
+        _LEARNING_RATE_INJECTION, np.array([float(lr_injection_value)], dtype=np.float32)
+    )
+
+
+def _calc_norm_ratio(model, params, name_scope, param_to_device, max_gradient_norm):
+    """``clip_norm / max(global_norm, clip_norm)`` over the gradients of ``params``."""
+    with scope.NameScope(name_scope):
+        grad_squared_sums = []
+        for i, param in enumerate(params):
+            device = get_param_device(str(param.blob), param.grad, param_to_device)
+            with scope.DeviceScope(device):
+                grad = (
+                    param.grad
+                    if not isinstance(param.grad, core.GradientSlice)
+                    else param.grad.values
+                )
+                grad_squared_sum = model.net.SumSqrElements(grad, f"grad_{i}_squared_sum")
+                grad_squared_sums.append(model.net.EnsureCPUOutput(grad_squared_sum))
+        with scope.DeviceScope(core.DeviceOption(caffe2_pb2.CPU)):
+            full_sum = model.net.Sum(grad_squared_sums, "grad_squared_full_sum")
+            global_norm = model.net.Pow(full_sum, "global_norm", exponent=0.5)
+            clip_norm = model.param_init_net.ConstantFill(
+                [], "clip_norm", shape=[], value=float(max_gradient_norm)
+            )
+            max_norm = model.net.Max([global_norm, clip_norm], "max_norm")
+            return model.net.Div([clip_norm, max_norm], "norm_ratio")
+
+
+def _build(
+    model,
+    optimizer,
+    weights_only=False,
+    use_param_info_optim=True,
+    max_gradient_norm=None,
+    allow_lr_injection=False,
+):
+    param_to_device = _get_param_to_device(model)
+    model.Validate()
+
+    params = [
+        info
+        for info in model.GetOptimizationParamInfo()
+        if not weights_only or info.blob in model.weights
+    ]
+
+    lr_multiplier = None
+    if max_gradient_norm is not None:
+        lr_multiplier = _calc_norm_ratio(
+            model, params, "norm_clipped_grad_update", param_to_device, max_gradient_norm
+        )
+    if allow_lr_injection:
+        if not model.net.BlobIsDefined(_LEARNING_RATE_INJECTION):
+            lr_injection = model.param_init_net.ConstantFill(
+                [], _LEARNING_RATE_INJECTION, shape=[1], value=1.0
+            )
+        else:
+            lr_injection = _LEARNING_RATE_INJECTION
+        if lr_multiplier is None:
+            lr_multiplier = lr_injection
+        else:
+            lr_multiplier = model.net.Mul(
+                [lr_multiplier, lr_injection], "lr_multiplier", broadcast=1
+            )
+    optimizer.add_lr_multiplier(lr_multiplier)
+
+    for param_info in params:
+        device = get_param_device(str(param_info.blob), param_info.grad, param_to_device)
+        with scope.DeviceScope(device):
+            if param_info.optimizer and use_param_info_optim:
+                param_info.optimizer(model.net, model.param_init_net, param_info)
+            else:
+                optimizer(model.net, model.param_init_net, param_info)
+    return optimizer
+
+
+def add_weight_decay(model, weight_decay):
+    """L2 decay of the model's weights, added to their gradients (run before the optimizer)."""
+    _build(
+        model,
+        WeightDecayBuilder(weight_decay=weight_decay),
+        weights_only=True,
+        use_param_info_optim=False,
+    )
+
+
+def build_sgd(
+    model, base_learning_rate, max_gradient_norm=None, allow_lr_injection=False, **kwargs
+):
+    """SGD for every parameter with a gradient (``SgdOptimizer(base_learning_rate, **kwargs)``:
+    ``policy``, ``momentum``, ``nesterov``, ``sparse_dedup_aggregator``, ``lars`` and
+    LearningRate arguments). ``max_gradient_norm`` scales the rate for gradient clipping;
+    ``allow_lr_injection`` multiplies it by the ``lr_injection`` blob. Returns the optimizer."""
+    return _build(
+        model,
+        SgdOptimizer(base_learning_rate, **kwargs),
+        max_gradient_norm=max_gradient_norm,
+        allow_lr_injection=allow_lr_injection,
+    )
+
+
+def build_multi_precision_sgd(
+    model, base_learning_rate, max_gradient_norm=None, allow_lr_injection=False, **kwargs
+):
+    return _build(
+        model,
+        MultiPrecisionSgdOptimizer(base_learning_rate, **kwargs),
+        max_gradient_norm=max_gradient_norm,
+        allow_lr_injection=allow_lr_injection,
+    )
+
+
+def build_fp16_sgd(model, base_learning_rate, **kwargs):
+    return _build(model, FP16SgdOptimizer(base_learning_rate, **kwargs))
+
+
+def build_adagrad(
+    model,
+    base_learning_rate,
+    parameters=None,
+    max_gradient_norm=None,
+    allow_lr_injection=False,
+    **kwargs,
+):
+    return _build(
+        model,
+        AdagradOptimizer(alpha=base_learning_rate, **kwargs),
+        max_gradient_norm=max_gradient_norm,
+        allow_lr_injection=allow_lr_injection,
+    )
+
+
+def build_adam(
+    model, base_learning_rate, max_gradient_norm=None, allow_lr_injection=False, **kwargs
+):
+    return _build(
+        model,
+        AdamOptimizer(alpha=base_learning_rate, **kwargs),
+        max_gradient_norm=max_gradient_norm,
+        allow_lr_injection=allow_lr_injection,
+    )

@@ -1,0 +1,457 @@
+//! Autodiff bindings: `backward_pass`, `gradient_for_op` and `ir_state` take serialized
+//! operators and plain names; gradient functions registered from Python become gradient
+//! makers that call back into Python. Conversions only; the logic is in
+//! `ferrocaffe::autodiff`.
+
+use std::sync::Arc;
+
+use ferrocaffe::autodiff::{
+    gradient_for_op as core_gradient_for_op, BackwardOptions, Generator, GradRef, GradientContext,
+    GradientMaker, GradientOutput, Ir, IrState, NetNames, Registry, UsedNetNames,
+};
+use ferrocaffe::proto::{self, DeviceOption, NetDef, OperatorDef};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+
+use crate::errors::IntoPy;
+
+/// A gradient from Python: `None`, a name, or an `(indices, values)` pair.
+fn grad_from_py(obj: &Bound<'_, PyAny>) -> PyResult<GradRef> {
+    if obj.is_none() {
+        return Ok(GradRef::None);
+    }
+    if let Ok(s) = obj.extract::<String>() {
+        return Ok(GradRef::Dense(s));
+    }
+    if let Ok((indices, values)) = obj.extract::<(String, String)>() {
+        return Ok(GradRef::Sparse { indices, values });
+    }
+    Err(PyTypeError::new_err(format!(
+        "a gradient must be None, a blob name or an (indices, values) pair of names, not {}",
+        obj.repr()?
+    )))
+}
+
+fn grad_to_py<'py>(py: Python<'py>, g: &GradRef) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match g {
+        GradRef::None => py.None().into_bound(py),
+        GradRef::Dense(n) => n.into_pyobject(py)?.into_any(),
+        GradRef::Sparse { indices, values } => (indices, values).into_pyobject(py)?.into_any(),
+    })
+}
+
+fn grads_to_py<'py>(py: Python<'py>, gs: &[GradRef]) -> PyResult<Bound<'py, PyList>> {
+    let items = gs
+        .iter()
+        .map(|g| grad_to_py(py, g))
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
+}
+
+/// A gradient function registered from Python, called through `adapter(func, op_bytes,
+/// g_output)` which returns `(list of serialized gradient ops, input gradients)`.
+struct PyGradientFunction {
+    op_type: String,
+    func: Py<PyAny>,
+    adapter: Py<PyAny>,
+}
+
+impl PyGradientFunction {
+    fn call(&self, op: &OperatorDef, g_output: &[GradRef]) -> PyResult<GradientOutput> {
+        Python::attach(|py| {
+            let op_bytes = PyBytes::new(py, &proto::encode(op));
+            let g = grads_to_py(py, g_output)?;
+            let res = self
+                .adapter
+                .call1(py, (self.func.clone_ref(py), op_bytes, g))?;
+            let (ops, grads): (Vec<Vec<u8>>, Vec<Bound<'_, PyAny>>) = res.extract(py)?;
+            let ops = ops
+                .iter()
+                .map(|b| proto::decode::<OperatorDef>(b).py())
+                .collect::<PyResult<Vec<_>>>()?;
+            let input_grads = grads
+                .iter()
+                .map(grad_from_py)
+                .collect::<PyResult<Vec<_>>>()?;
+            Ok(GradientOutput { ops, input_grads })
+        })
+    }
+}
+
+impl GradientMaker for PyGradientFunction {
+    fn make(&self, op: &OperatorDef, g_output: &[GradRef]) -> ferrocaffe::Result<GradientOutput> {
+        self.call(op, g_output)
+            .map_err(|e| ferrocaffe::Error::External {
+                context: format!(
+                    "Exception when creating gradient for [{}] with the gradient function \
+                     registered in Python ({} op '{}')",
+                    self.op_type,
+                    op.r#type(),
+                    op.name()
+                ),
+                source: Box::new(e),
+            })
+    }
+}
+
+/// Net names handed out by a Python callable (`core.Net`'s name registry).
+struct PyNetNames(Py<PyAny>);
+
+impl NetNames for PyNetNames {
+    fn next_net_name(&mut self, base: &str) -> ferrocaffe::Result<String> {
+        Python::attach(|py| self.0.call1(py, (base,))?.extract::<String>(py)).map_err(|e| {
+            ferrocaffe::Error::External {
+                context: format!("cannot get a unique net name for '{base}'"),
+                source: Box::new(e),
+            }
+        })
+    }
+}
+
+/// Everything a call needs besides the ops, converted under the GIL.
+struct Setup {
+    registry: Registry,
+    names: Box<dyn NetNames + Send>,
+    options: BackwardOptions,
+}
+
+fn setup(
+    py: Python<'_>,
+    functions: Vec<(String, Py<PyAny>)>,
+    adapter: Option<Py<PyAny>>,
+    next_net_name: Option<Py<PyAny>>,
+    name_scope: String,
+    device_scope: Option<PyBackedBytes>,
+) -> PyResult<Setup> {
+    let mut registry = Registry::layered(Registry::builtin());
+    if !functions.is_empty() && adapter.is_none() {
+        return Err(PyTypeError::new_err(
+            "gradient functions need an adapter: adapter(func, op_bytes, g_output) -> \
+             (list of serialized gradient ops, input gradients)",
+        ));
+    }
+    for (op_type, func) in functions {
+        let Some(adapter) = adapter.as_ref() else {
+            break;
+        };
+        let f = PyGradientFunction {
+            op_type: op_type.clone(),
+            func,
+            adapter: adapter.clone_ref(py),
+        };
+        registry.register_function(&op_type, Arc::new(f));
+    }
+    let names: Box<dyn NetNames + Send> = match next_net_name {
+        Some(f) => Box::new(PyNetNames(f)),
+        None => Box::new(UsedNetNames::new()),
+    };
+    let device_scope = device_scope
+        .map(|b| proto::decode::<DeviceOption>(&b).py())
+        .transpose()?;
+    Ok(Setup {
+        registry,
+        names,
+        options: BackwardOptions {
+            name_scope,
+            device_scope,
+        },
+    })
+}
+
+fn decode_ops(ops: &[PyBackedBytes]) -> ferrocaffe::Result<Vec<OperatorDef>> {
+    let mut out = Vec::with_capacity(ops.len());
+    for (k, b) in ops.iter().enumerate() {
+        out.push(proto::decode::<OperatorDef>(b).map_err(|e| match e {
+            ferrocaffe::Error::Decode { message, reason } => ferrocaffe::Error::Decode {
+                message,
+                reason: format!("operator {k} of the list: {reason}"),
+            },
+            other => other,
+        })?);
+    }
+    Ok(out)
+}
+
+fn net_bytes(ops: Vec<OperatorDef>) -> Vec<u8> {
+    proto::encode(&NetDef {
+        op: ops,
+        ..Default::default()
+    })
+}
+
+fn generator_to_py<'py>(py: Python<'py>, g: &Generator) -> PyResult<Bound<'py, PyTuple>> {
+    let dev = |d: &DeviceOption| PyBytes::new(py, &proto::encode(d));
+    let slot = |s: &Option<(usize, usize)>| (s.map(|x| x.0), s.map_or(0, |x| x.1));
+    match g {
+        Generator::Dense {
+            op,
+            gradient,
+            device_option,
+        } => {
+            let (k, i) = slot(op);
+            ("dense", k, i, gradient, dev(device_option)).into_pyobject(py)
+        }
+        Generator::Sparse {
+            indices_op,
+            values_op,
+            indices,
+            values,
+            device_option,
+        } => {
+            let (ki, ii) = slot(indices_op);
+            let (kv, iv) = slot(values_op);
+            let items: Vec<Bound<'py, PyAny>> = vec![
+                "sparse".into_pyobject(py)?.into_any(),
+                ki.into_pyobject(py)?.into_any(),
+                ii.into_pyobject(py)?.into_any(),
+                kv.into_pyobject(py)?.into_any(),
+                iv.into_pyobject(py)?.into_any(),
+                indices.into_pyobject(py)?.into_any(),
+                values.into_pyobject(py)?.into_any(),
+                dev(device_option).into_any(),
+            ];
+            PyTuple::new(py, items)
+        }
+    }
+}
+
+fn state_to_py<'py>(py: Python<'py>, s: IrState) -> PyResult<Bound<'py, PyAny>> {
+    let gens = s
+        .gradient_generators
+        .iter()
+        .map(|(name, v, gs)| {
+            let list = gs
+                .iter()
+                .map(|g| generator_to_py(py, g))
+                .collect::<PyResult<Vec<_>>>()?;
+            (name, v, list).into_pyobject(py)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("ssa", s.ssa)?;
+    d.set_item("frontier", s.frontier)?;
+    d.set_item("input_usages", s.input_usages)?;
+    d.set_item("gradient_frontier", s.gradient_frontier)?;
+    d.set_item("gradient_generators", gens)?;
+    d.set_item("in_version_history", s.in_version_history)?;
+    d.set_item("out_version_history", s.out_version_history)?;
+    Ok(d.into_any())
+}
+
+type BackwardResult = (Vec<u8>, Vec<(String, GradRef)>, Option<IrState>);
+
+/// Where the forward ops come from: one serialized OperatorDef each, or a serialized NetDef
+/// whose ops from `skip` on are used.
+enum Forward {
+    Ops(Vec<PyBackedBytes>),
+    Net(PyBackedBytes, usize),
+}
+
+impl Forward {
+    fn decode(&self) -> ferrocaffe::Result<Vec<OperatorDef>> {
+        match self {
+            Forward::Ops(ops) => decode_ops(ops),
+            Forward::Net(bytes, skip) => {
+                let mut net = proto::decode::<NetDef>(bytes)?;
+                let skip = (*skip).min(net.op.len());
+                net.op.drain(..skip);
+                Ok(net.op)
+            }
+        }
+    }
+}
+
+/// Runs a backward pass with the GIL released.
+fn run_backward(
+    py: Python<'_>,
+    forward: Forward,
+    ys: Vec<(String, GradRef)>,
+    mut s: Setup,
+    with_state: bool,
+) -> PyResult<BackwardResult> {
+    let result: ferrocaffe::Result<BackwardResult> = py.detach(|| {
+        let ops = forward.decode()?;
+        let mut cx = GradientContext {
+            registry: &s.registry,
+            net_names: s.names.as_mut(),
+            options: &s.options,
+        };
+        let mut ir = Ir::new(&ops)?;
+        let (grad_ops, grad_map) = ir.backward(&ys, &mut cx)?;
+        let state = with_state.then(|| ir.state());
+        Ok((net_bytes(grad_ops), grad_map.into_entries(), state))
+    });
+    result.py()
+}
+
+fn ys_from_py(ys: &[(String, Bound<'_, PyAny>)]) -> PyResult<Vec<(String, GradRef)>> {
+    ys.iter()
+        .map(|(y, g)| Ok((y.clone(), grad_from_py(g)?)))
+        .collect()
+}
+
+/// The gradient map as a dict: names, and `slice_type(indices, values)` for sparse gradients
+/// (`(indices, values)` tuples without `slice_type`).
+fn grad_map_to_py<'py>(
+    py: Python<'py>,
+    grad_map: &[(String, GradRef)],
+    slice_type: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (b, g) in grad_map {
+        match (g, slice_type) {
+            (GradRef::Sparse { indices, values }, Some(t)) => {
+                d.set_item(b, t.call1((indices, values))?)?
+            }
+            _ => d.set_item(b, grad_to_py(py, g)?)?,
+        }
+    }
+    Ok(d)
+}
+
+/// The backward pass of serialized forward ops: `(serialized NetDef of the gradient ops,
+/// {blob: gradient}, IR state or None)`.
+#[pyfunction]
+#[pyo3(signature = (ops, ys, functions=Vec::new(), adapter=None, next_net_name=None,
+                    name_scope=String::new(), device_scope=None, with_state=false,
+                    slice_type=None))]
+#[allow(clippy::too_many_arguments)]
+fn backward_pass<'py>(
+    py: Python<'py>,
+    ops: Vec<PyBackedBytes>,
+    ys: Vec<(String, Bound<'py, PyAny>)>,
+    functions: Vec<(String, Py<PyAny>)>,
+    adapter: Option<Py<PyAny>>,
+    next_net_name: Option<Py<PyAny>>,
+    name_scope: String,
+    device_scope: Option<PyBackedBytes>,
+    with_state: bool,
+    slice_type: Option<Bound<'py, PyAny>>,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>, Bound<'py, PyAny>)> {
+    let ys = ys_from_py(&ys)?;
+    let s = setup(
+        py,
+        functions,
+        adapter,
+        next_net_name,
+        name_scope,
+        device_scope,
+    )?;
+    let (bytes, grad_map, state) = run_backward(py, Forward::Ops(ops), ys, s, with_state)?;
+    let state = match state {
+        Some(st) => state_to_py(py, st)?,
+        None => py.None().into_bound(py),
+    };
+    Ok((
+        PyBytes::new(py, &bytes),
+        grad_map_to_py(py, &grad_map, slice_type.as_ref())?,
+        state,
+    ))
+}
+
+/// The backward pass of the ops of a serialized NetDef from `skip` on: `(serialized NetDef
+/// holding only the gradient ops, {blob: gradient})`.
+#[pyfunction]
+#[pyo3(signature = (net, skip, ys, functions=Vec::new(), adapter=None, next_net_name=None,
+                    name_scope=String::new(), device_scope=None, slice_type=None))]
+#[allow(clippy::too_many_arguments)]
+fn backward_pass_net<'py>(
+    py: Python<'py>,
+    net: PyBackedBytes,
+    skip: usize,
+    ys: Vec<(String, Bound<'py, PyAny>)>,
+    functions: Vec<(String, Py<PyAny>)>,
+    adapter: Option<Py<PyAny>>,
+    next_net_name: Option<Py<PyAny>>,
+    name_scope: String,
+    device_scope: Option<PyBackedBytes>,
+    slice_type: Option<Bound<'py, PyAny>>,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>)> {
+    let ys = ys_from_py(&ys)?;
+    let s = setup(
+        py,
+        functions,
+        adapter,
+        next_net_name,
+        name_scope,
+        device_scope,
+    )?;
+    let (bytes, grad_map, _) = run_backward(py, Forward::Net(net, skip), ys, s, false)?;
+    Ok((
+        PyBytes::new(py, &bytes),
+        grad_map_to_py(py, &grad_map, slice_type.as_ref())?,
+    ))
+}
+
+/// The gradient of one serialized operator: `(serialized NetDef of the gradient ops, input
+/// gradients)`.
+#[pyfunction]
+#[pyo3(signature = (op, g_output, functions=Vec::new(), adapter=None, next_net_name=None,
+                    name_scope=String::new(), device_scope=None))]
+#[allow(clippy::too_many_arguments)]
+fn gradient_for_op<'py>(
+    py: Python<'py>,
+    op: PyBackedBytes,
+    g_output: Vec<Bound<'py, PyAny>>,
+    functions: Vec<(String, Py<PyAny>)>,
+    adapter: Option<Py<PyAny>>,
+    next_net_name: Option<Py<PyAny>>,
+    name_scope: String,
+    device_scope: Option<PyBackedBytes>,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyList>)> {
+    let g_output = g_output
+        .iter()
+        .map(grad_from_py)
+        .collect::<PyResult<Vec<_>>>()?;
+    let mut s = setup(
+        py,
+        functions,
+        adapter,
+        next_net_name,
+        name_scope,
+        device_scope,
+    )?;
+    let result: ferrocaffe::Result<(Vec<u8>, Vec<GradRef>)> = py.detach(|| {
+        let op = proto::decode::<OperatorDef>(&op)?;
+        let mut cx = GradientContext {
+            registry: &s.registry,
+            net_names: s.names.as_mut(),
+            options: &s.options,
+        };
+        let out = core_gradient_for_op(&op, &g_output, &mut cx)?;
+        Ok((net_bytes(out.ops), out.input_grads))
+    });
+    let (bytes, g_input) = result.py()?;
+    Ok((PyBytes::new(py, &bytes), grads_to_py(py, &g_input)?))
+}
+
+/// The IR state after playing serialized forward ops; with `check`, an orphan `StopGradient`
+/// output raises.
+#[pyfunction]
+#[pyo3(signature = (ops, check=true))]
+fn ir_state<'py>(
+    py: Python<'py>,
+    ops: Vec<PyBackedBytes>,
+    check: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let state: ferrocaffe::Result<IrState> = py.detach(|| {
+        let ops = decode_ops(&ops)?;
+        let ir = Ir::unchecked(&ops);
+        if check {
+            ir.sanity_check()?;
+        }
+        Ok(ir.state())
+    });
+    state_to_py(py, state.py()?)
+}
+
+/// Adds the autodiff functions to the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(backward_pass, m)?)?;
+    m.add_function(wrap_pyfunction!(backward_pass_net, m)?)?;
+    m.add_function(wrap_pyfunction!(gradient_for_op, m)?)?;
+    m.add_function(wrap_pyfunction!(ir_state, m)?)?;
+    Ok(())
+}

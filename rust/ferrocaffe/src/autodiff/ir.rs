@@ -1,0 +1,903 @@
+//! The backward-pass IR: Caffe2's `core.IR`, with the same semantics, in linear time.
+//!
+//! Playing the forward ops gives every blob a version per write (the first write of a blob is
+//! version 0; a blob read before it is written is version 0 and its first write version 1), the
+//! *frontier* (latest version of each blob) and the *input usages* (which ops read each blob
+//! version). The backward pass then walks the ops in reverse, asks each op's gradient maker for
+//! gradient ops, checks that those ops only read blob versions that still exist, records which
+//! gradient op output produces the gradient of which input version (the *generators*), and sums
+//! the gradients of blob versions read by several ops once the first reader is reached.
+//!
+//! Blob names are interned to dense ids; per-blob state lives in vectors, per-version state in
+//! hash maps, so a pass is linear in the size of the graph.
+
+use std::sync::OnceLock;
+
+use super::accumulate::{self, Generator};
+use super::dispatch;
+use super::intern::{BlobId, FxBuild, FxMap, FxSet, Interner};
+use super::lookup::{GradLookup, Lists, LocalOutputs, VersionIndex};
+use super::maker::{GradRef, GradientContext};
+use super::scope::float_arg;
+use super::text;
+use crate::error::{Error, Result};
+use crate::proto::OperatorDef;
+
+/// Suffix of the gradient seeds generated for `ys` without a given gradient.
+pub const AUTOGEN_GRAD_SUFFIX: &str = "_autogen_grad";
+
+/// The gradient of every blob that has one, in the order Caffe2's dict had them.
+#[derive(Debug, Clone, Default)]
+pub struct GradMap {
+    entries: Vec<(String, GradRef)>,
+    index: OnceLock<FxMap<String, usize>>,
+}
+
+impl PartialEq for GradMap {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries == other.entries
+    }
+}
+
+impl GradMap {
+    /// A map with the given entries (blob, gradient), in order.
+    pub fn from_entries(entries: Vec<(String, GradRef)>) -> Self {
+        GradMap {
+            entries,
+            index: OnceLock::new(),
+        }
+    }
+
+    /// The gradient of `blob`, if it has one.
+    pub fn get(&self, blob: &str) -> Option<&GradRef> {
+        let index = self.index.get_or_init(|| {
+            let mut m = FxMap::with_capacity_and_hasher(self.entries.len(), FxBuild::default());
+            for (k, (name, _)) in self.entries.iter().enumerate() {
+                m.insert(name.clone(), k);
+            }
+            m
+        });
+        index.get(blob).map(|&k| &self.entries[k].1)
+    }
+
+    /// The entries, in order.
+    pub fn entries(&self) -> &[(String, GradRef)] {
+        &self.entries
+    }
+
+    /// The entries, in order, by value.
+    pub fn into_entries(self) -> Vec<(String, GradRef)> {
+        self.entries
+    }
+
+    /// Number of blobs with a gradient.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no blob has a gradient.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// `(blob, version)` pairs in dict order.
+pub type Versions = Vec<(String, u32)>;
+/// `(op index, version)` pairs.
+pub type History = Vec<(usize, u32)>;
+
+/// The IR's state in Caffe2's shapes (names instead of ids), for inspection.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct IrState {
+    /// Per forward op: `(in_versions, out_versions)`, each a dict (first occurrence order).
+    pub ssa: Vec<(Versions, Versions)>,
+    /// Latest version of every blob seen.
+    pub frontier: Vec<(String, u32)>,
+    /// `(blob, version, indices of the ops that read it)`; the backward pass adds one use at
+    /// index `ops.len()` for every `y`.
+    pub input_usages: Vec<(String, u32, Vec<u32>)>,
+    /// The version each known gradient corresponds to.
+    pub gradient_frontier: Vec<(String, u32)>,
+    /// `(blob, version, generators)`; generator op slots index the backward pass's ops.
+    pub gradient_generators: Vec<(String, u32, Vec<Generator>)>,
+    /// Per blob: `(op index, version)` of every read.
+    pub in_version_history: Vec<(String, History)>,
+    /// Per blob: `(op index, version)` of every write.
+    pub out_version_history: Vec<(String, History)>,
+}
+
+/// `input_to_grad` of Caffe2: absent, explicitly `None`, or a gradient; plus insertion order.
+struct GradTable {
+    vals: Vec<Option<GradRef>>,
+    order: Vec<BlobId>,
+}
+
+impl GradTable {
+    fn new(n: usize) -> Self {
+        GradTable {
+            vals: vec![None; n],
+            order: Vec::with_capacity(n),
+        }
+    }
+
+    fn get(&self, id: BlobId) -> Option<&GradRef> {
+        self.vals.get(id as usize).and_then(Option::as_ref)
+    }
+
+    fn set(&mut self, id: BlobId, g: GradRef) {
+        let slot = &mut self.vals[id as usize];
+        if slot.is_none() {
+            self.order.push(id);
+        }
+        *slot = Some(g);
+    }
+}
+
+/// Caffe2's `IR`: the forward ops played into SSA form, ready for a backward pass.
+pub struct Ir<'a> {
+    ops: &'a [OperatorDef],
+    names: Interner<'a>,
+    /// Per input position of every op (flattened): (blob, version read).
+    ins: Vec<(BlobId, u32)>,
+    /// Per input position: the slot of the version read.
+    in_slots: Vec<u32>,
+    in_start: Vec<usize>,
+    /// Per output position of every op (flattened): (blob, version of the blob after the op).
+    outs: Vec<(BlobId, u32)>,
+    out_start: Vec<usize>,
+    frontier: Vec<Option<u32>>,
+    read: Vec<bool>,
+    /// Per blob: the slot of its latest version. Every blob version gets a dense slot index,
+    /// so per-version state lives in vectors.
+    cur_slot: Vec<u32>,
+    /// Per slot: (blob, version).
+    slots: Vec<(BlobId, u32)>,
+    /// Per slot: the first op that reads the version and how many reads there are (Caffe2's
+    /// `input_usages[blob][version][0]` and its length).
+    usage_first: Vec<u32>,
+    usage_count: Vec<u32>,
+    /// Slots of the `ys` of the backward pass (each counts as one more read).
+    ys_slots: Vec<u32>,
+    gradient_frontier: Vec<Option<u32>>,
+    gf_order: Vec<BlobId>,
+    /// Where the gradient of each blob version comes from (Caffe2's `gradient_generators`).
+    generators: Lists<Generator>,
+    /// Reused per op: which input gradients update the gradient table.
+    apply: Vec<bool>,
+}
+
+impl<'a> Ir<'a> {
+    /// Plays `ops` (Caffe2's `IR(operators)`) and checks that every `StopGradient` output is
+    /// read by some op.
+    pub fn new(ops: &'a [OperatorDef]) -> Result<Self> {
+        let ir = Self::unchecked(ops);
+        ir.sanity_check()?;
+        Ok(ir)
+    }
+
+    /// Plays `ops` without the `StopGradient` check (Caffe2's `IR.Play` of each op).
+    pub fn unchecked(ops: &'a [OperatorDef]) -> Self {
+        let n_ins: usize = ops.iter().map(|o| o.input.len()).sum();
+        let n_outs: usize = ops.iter().map(|o| o.output.len()).sum();
+        let n_names = n_outs + n_ins / 2 + 8;
+        let mut ir = Ir {
+            ops,
+            names: Interner::with_capacity(n_names),
+            ins: Vec::with_capacity(n_ins),
+            in_slots: Vec::with_capacity(n_ins),
+            in_start: Vec::with_capacity(ops.len() + 1),
+            outs: Vec::with_capacity(n_outs),
+            out_start: Vec::with_capacity(ops.len() + 1),
+            frontier: Vec::with_capacity(n_names),
+            read: Vec::with_capacity(n_names),
+            cur_slot: Vec::with_capacity(n_names),
+            slots: Vec::with_capacity(n_outs + 8),
+            usage_first: Vec::with_capacity(n_outs + 8),
+            usage_count: Vec::with_capacity(n_outs + 8),
+            ys_slots: Vec::new(),
+            gradient_frontier: Vec::new(),
+            gf_order: Vec::new(),
+            generators: Lists::with_capacity(n_outs + 8),
+            apply: Vec::new(),
+        };
+        for k in 0..ops.len() {
+            ir.play(k);
+        }
+        ir.in_start.push(ir.ins.len());
+        ir.out_start.push(ir.outs.len());
+        ir
+    }
+
+    fn id(&mut self, name: &'a str) -> BlobId {
+        let id = self.names.intern(name);
+        if id as usize >= self.frontier.len() {
+            self.frontier.push(None);
+            self.read.push(false);
+            self.cur_slot.push(u32::MAX);
+        }
+        id
+    }
+
+    /// Makes version `v` the latest version of `id`, with a new slot.
+    fn new_version(&mut self, id: BlobId, v: u32) -> u32 {
+        let slot = self.slots.len() as u32;
+        self.slots.push((id, v));
+        self.usage_first.push(u32::MAX);
+        self.usage_count.push(0);
+        self.frontier[id as usize] = Some(v);
+        self.cur_slot[id as usize] = slot;
+        slot
+    }
+
+    /// The latest version of `id` and its slot; a blob never seen gets version 0 (Caffe2's
+    /// `defaultdict(int)`).
+    fn current(&mut self, id: BlobId) -> (u32, u32) {
+        match self.frontier[id as usize] {
+            Some(v) => (v, self.cur_slot[id as usize]),
+            None => (0, self.new_version(id, 0)),
+        }
+    }
+
+    fn push_usage(&mut self, id: BlobId, slot: u32, op_idx: u32) {
+        let s = slot as usize;
+        if self.usage_count[s] == 0 {
+            self.usage_first[s] = op_idx;
+        }
+        self.usage_count[s] += 1;
+        self.read[id as usize] = true;
+    }
+
+    /// Caffe2's `IR.Play`.
+    fn play(&mut self, k: usize) {
+        let op = &self.ops[k];
+        self.in_start.push(self.ins.len());
+        for s in &op.input {
+            let id = self.id(s);
+            let (v, slot) = self.current(id);
+            self.ins.push((id, v));
+            self.in_slots.push(slot);
+            self.push_usage(id, slot, k as u32);
+        }
+        let start = self.outs.len();
+        self.out_start.push(start);
+        for s in &op.output {
+            let id = self.id(s);
+            let v = self.frontier[id as usize].map_or(0, |v| v + 1);
+            self.new_version(id, v);
+            self.outs.push((id, v));
+        }
+        // `out_versions` is a dict: a blob written twice by the op keeps its last version.
+        for p in start..self.outs.len() {
+            let id = self.outs[p].0;
+            self.outs[p].1 = self.frontier[id as usize].unwrap_or(0);
+        }
+    }
+
+    /// Caffe2's `IR.SanityCheck`: a `StopGradient` output that nothing reads is an error.
+    pub fn sanity_check(&self) -> Result<()> {
+        for op in self.ops {
+            if op.r#type() != "StopGradient" {
+                continue;
+            }
+            let out = op.output.first().ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "StopGradient op has no output. Op:\n\n{}",
+                    text::op_text(op)
+                ))
+            })?;
+            let used = self.names.get(out).is_some_and(|id| self.read[id as usize]);
+            if !used {
+                return Err(Error::InvalidArgument(format!(
+                    "StopGradient's output '{out}' is orphan.\nYou typically want to specify \
+                     same input and output for\nStopGradient. Op:\n\n{}",
+                    text::op_text(op)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn ins_of(&self, k: usize) -> &[(BlobId, u32)] {
+        &self.ins[self.in_start[k]..self.in_start[k + 1]]
+    }
+
+    fn outs_of(&self, k: usize) -> &[(BlobId, u32)] {
+        &self.outs[self.out_start[k]..self.out_start[k + 1]]
+    }
+
+    fn frontier_of(&self, id: BlobId) -> u32 {
+        self.frontier[id as usize].unwrap_or(0)
+    }
+
+    fn set_gradient_frontier(&mut self, id: BlobId, v: u32) {
+        let i = id as usize;
+        if self.gradient_frontier.len() <= i {
+            self.gradient_frontier
+                .resize(self.names.len().max(i + 1), None);
+        }
+        if self.gradient_frontier[i].is_none() {
+            self.gf_order.push(id);
+        }
+        self.gradient_frontier[i] = Some(v);
+    }
+
+    fn push_generator(&mut self, slot: u32, g: Generator) {
+        self.generators.push(slot, g);
+    }
+
+    /// Caffe2's `IR.GetBackwardPass(ys)`: the gradient ops and the gradient of every blob.
+    ///
+    /// `ys` are the blobs to differentiate, each with its given gradient, or `GradRef::None`
+    /// to seed it with ones (a `ConstantFill` named `<y>_autogen_grad`). A blob listed twice
+    /// keeps its first position and its last gradient, as a Python dict would.
+    pub fn backward(
+        &mut self,
+        ys: &'a [(String, GradRef)],
+        cx: &mut GradientContext<'_>,
+    ) -> Result<(Vec<OperatorDef>, GradMap)> {
+        let mut uniq: Vec<(BlobId, &'a GradRef)> = Vec::with_capacity(ys.len());
+        let mut pos: FxMap<BlobId, usize> = FxMap::default();
+        for (y, g) in ys {
+            let id = self.id(y);
+            match pos.get(&id) {
+                Some(&p) => uniq[p].1 = g,
+                None => {
+                    pos.insert(id, uniq.len());
+                    uniq.push((id, g));
+                }
+            }
+        }
+        let n = self.ops.len() as u32;
+        for &(id, _) in &uniq {
+            let (v, slot) = self.current(id);
+            self.set_gradient_frontier(id, v);
+            self.push_usage(id, slot, n);
+            self.ys_slots.push(slot);
+        }
+        self.gradient_frontier.resize(self.names.len(), None);
+
+        let mut all_ops: Vec<OperatorDef> = Vec::with_capacity(self.ops.len() * 2 + uniq.len());
+        let mut grads = GradTable::new(self.names.len());
+        for &(id, g) in &uniq {
+            if g.is_some() {
+                grads.set(id, g.clone());
+                continue;
+            }
+            let y = self.names.name(id);
+            let op = cx.options.create_operator(
+                "ConstantFill",
+                vec![y.to_string()],
+                vec![cx.options.scoped(&format!("{y}{AUTOGEN_GRAD_SUFFIX}"))],
+                vec![float_arg("value", 1.0)],
+            );
+            let gname = op.output[0].clone();
+            let device_option = op.device_option.clone().unwrap_or_default();
+            all_ops.push(op);
+            grads.set(id, GradRef::Dense(gname.clone()));
+            let slot = self.cur_slot[id as usize];
+            self.push_generator(
+                slot,
+                Generator::Dense {
+                    op: Some((all_ops.len() - 1, 0)),
+                    gradient: gname,
+                    device_option,
+                },
+            );
+        }
+
+        for k in (0..self.ops.len()).rev() {
+            self.generate_for_op(k, &mut grads, &mut all_ops, cx)?;
+            self.accumulate(k, &mut grads, &mut all_ops, cx)?;
+        }
+
+        let mut entries = Vec::with_capacity(grads.order.len());
+        for &id in &grads.order {
+            if let Some(g) = grads.vals[id as usize].take() {
+                if g.is_some() {
+                    entries.push((self.names.name(id).to_string(), g));
+                }
+            }
+        }
+        Ok((all_ops, GradMap::from_entries(entries)))
+    }
+
+    /// Caffe2's `_GenerateGradientsForForwardOp` (+ `BuildGradientGenerators`).
+    fn generate_for_op(
+        &mut self,
+        k: usize,
+        grads: &mut GradTable,
+        all_ops: &mut Vec<OperatorDef>,
+        cx: &mut GradientContext<'_>,
+    ) -> Result<()> {
+        let ops: &'a [OperatorDef] = self.ops;
+        let op = &ops[k];
+        let outs = self.outs_of(k);
+        let mut any = false;
+        let mut g_output: Vec<GradRef> = Vec::with_capacity(outs.len());
+        for &(id, _) in outs {
+            let g = grads.get(id).cloned().unwrap_or_default();
+            any |= g.is_some();
+            g_output.push(g);
+        }
+        if !any && op.r#type() != "ZeroGradient" {
+            return Ok(());
+        }
+        let mut out = dispatch::gradient_for_op(op, &g_output, cx)?;
+        self.build_generators(k, &out.ops, &g_output, &out.input_grads, all_ops.len())?;
+
+        // Caffe2 decides every update against the table as it was before this op.
+        let mut apply = std::mem::take(&mut self.apply);
+        apply.clear();
+        {
+            let outs = VersionIndex::new(self.outs_of(k));
+            for (&(id, _), g) in self.ins_of(k).iter().zip(&out.input_grads) {
+                apply.push(g.is_some() || grads.get(id).is_none() || outs.get(id).is_some());
+            }
+        }
+        for (p, &yes) in apply.iter().enumerate() {
+            if yes {
+                let id = self.ins[self.in_start[k] + p].0;
+                grads.set(id, std::mem::take(&mut out.input_grads[p]));
+            }
+        }
+        self.apply = apply;
+        all_ops.append(&mut out.ops);
+        Ok(())
+    }
+
+    /// Caffe2's `BuildGradientGenerators`: checks the gradient ops' inputs and records the
+    /// generators of the input gradients. `base` is the index the first gradient op will have
+    /// in the backward net.
+    fn build_generators(
+        &mut self,
+        k: usize,
+        grad_ops: &[OperatorDef],
+        g_output: &[GradRef],
+        g_input: &[GradRef],
+        base: usize,
+    ) -> Result<()> {
+        let ops: &'a [OperatorDef] = self.ops;
+        let op = &ops[k];
+        if g_input.len() > op.input.len() {
+            return Err(Error::Type(format!(
+                "the gradient of operator {} has {} input gradients for {} inputs",
+                op.r#type(),
+                g_input.len(),
+                op.input.len()
+            )));
+        }
+        let local = LocalOutputs::new(grad_ops);
+        {
+            let go = GradLookup::new(g_output);
+            let ins = VersionIndex::new(self.ins_of(k));
+            let outs = VersionIndex::new(self.outs_of(k));
+            for (j, gop) in grad_ops.iter().enumerate() {
+                for s in &gop.input {
+                    self.check_grad_input(s, &go, k, &ins, &outs, &local, j)?;
+                }
+            }
+        }
+        let gi = GradLookup::new(g_input);
+        let mut sparse: Vec<(BlobId, u32, Vec<Generator>)> = Vec::new();
+        let start = self.in_start[k];
+        for (j, gop) in grad_ops.iter().enumerate() {
+            for (i, o) in gop.output.iter().enumerate() {
+                let Some(ii) = gi.get(o) else { continue };
+                let id = self.ins[start + ii].0;
+                let slot = self.in_slots[start + ii];
+                let device_option = gop.device_option.clone().unwrap_or_default();
+                let at = Some((base + j, i));
+                match &g_input[ii] {
+                    GradRef::Sparse { indices, values } => {
+                        let (indices_op, values_op) =
+                            if indices == o { (at, None) } else { (None, at) };
+                        let gen = Generator::Sparse {
+                            indices_op,
+                            values_op,
+                            indices: indices.clone(),
+                            values: values.clone(),
+                            device_option,
+                        };
+                        match sparse.iter_mut().find(|e| e.0 == id) {
+                            Some(e) => e.2.push(gen),
+                            None => sparse.push((id, slot, vec![gen])),
+                        }
+                    }
+                    GradRef::Dense(g) => self.push_generator(
+                        slot,
+                        Generator::Dense {
+                            op: at,
+                            gradient: g.clone(),
+                            device_option,
+                        },
+                    ),
+                    GradRef::None => {}
+                }
+            }
+        }
+        for (id, slot, gens) in sparse {
+            let merged = merge_sparse(gens, self.names.name(id))?;
+            self.push_generator(slot, merged);
+        }
+        for (ii, g) in g_input.iter().enumerate() {
+            if !g.is_truthy() {
+                continue;
+            }
+            let slot = self.in_slots[start + ii];
+            let fwd_device = || op.device_option.clone().unwrap_or_default();
+            match g {
+                GradRef::Sparse { indices, values } => {
+                    if !local.written(indices) && !local.written(values) {
+                        let gen = Generator::Sparse {
+                            indices_op: None,
+                            values_op: None,
+                            indices: indices.clone(),
+                            values: values.clone(),
+                            device_option: fwd_device(),
+                        };
+                        self.push_generator(slot, gen);
+                    }
+                }
+                GradRef::Dense(name) => {
+                    if !local.written(name) {
+                        let gen = Generator::Dense {
+                            op: None,
+                            gradient: name.clone(),
+                            device_option: fwd_device(),
+                        };
+                        self.push_generator(slot, gen);
+                    }
+                }
+                GradRef::None => {}
+            }
+        }
+        for (ii, g) in g_input.iter().enumerate() {
+            if g.is_some() {
+                let (id, v) = self.ins[start + ii];
+                self.set_gradient_frontier(id, v);
+            }
+        }
+        Ok(())
+    }
+
+    /// Caffe2's `CheckGradientOperatorInput` for input `s` of gradient op `j`.
+    #[allow(clippy::too_many_arguments)]
+    fn check_grad_input(
+        &self,
+        s: &str,
+        go: &GradLookup<'_>,
+        k: usize,
+        ins: &VersionIndex<'_>,
+        outs: &VersionIndex<'_>,
+        local: &LocalOutputs<'_>,
+        j: usize,
+    ) -> Result<()> {
+        if let Some(oi) = go.get(s) {
+            let (oid, over) = self.outs_of(k)[oi];
+            let original = self.names.name(oid);
+            let gf = self
+                .gradient_frontier
+                .get(oid as usize)
+                .copied()
+                .flatten()
+                .ok_or_else(|| {
+                    Error::Runtime(format!(
+                        "Gradient name \"{s}\" refers to blob \"{original}\", which has no \
+                         gradient version"
+                    ))
+                })?;
+            if over != gf {
+                return Err(Error::Runtime(format!(
+                    "Gradient name \"{s}\" is expected to correspond to version {over} of \
+                     \"{original}\", but currently we have version {gf}.\n\n{}",
+                    self.history_out(original)
+                )));
+            }
+            return Ok(());
+        }
+        let op = &self.ops[k];
+        let out_hit = self.find_blob(s, &op.output, self.outs_of(k), outs);
+        if let Some((id, over)) = out_hit {
+            let cur = self.frontier_of(id);
+            if cur != over {
+                return Err(Error::Runtime(format!(
+                    "Gradient operator needs output \"{s}\" at version {over}, but currently \
+                     we have version {cur}.\n\n{}",
+                    self.history_out(s)
+                )));
+            }
+            return Ok(());
+        }
+        if let Some((id, iv)) = self.find_blob(s, &op.input, self.ins_of(k), ins) {
+            let cur = self.frontier_of(id);
+            if cur != iv {
+                return Err(Error::Runtime(format!(
+                    "Gradient operator needs input \"{s}\" at version {iv}, but currently we \
+                     have version {cur}.\n\n{}",
+                    self.history_in(s)
+                )));
+            }
+            return Ok(());
+        }
+        if !local.written_before(s, j) {
+            return Err(Error::Runtime(format!(
+                "Blob name \"{s}\" not in the scope of operator: {}\nand is not generated by \
+                 any of the local gradient operators.",
+                text::op_text(&self.ops[k])
+            )));
+        }
+        Ok(())
+    }
+
+    /// The blob `s` among one op's inputs or outputs (`names`, with their ids and versions in
+    /// `pairs`): string compares for small ops (no hashing, data already in cache), the id
+    /// index for large ones.
+    fn find_blob(
+        &self,
+        s: &str,
+        names: &[String],
+        pairs: &[(BlobId, u32)],
+        index: &VersionIndex<'_>,
+    ) -> Option<(BlobId, u32)> {
+        if names.len() <= 16 {
+            return names.iter().position(|n| n == s).map(|p| pairs[p]);
+        }
+        let id = self.names.get(s)?;
+        index.get(id).map(|v| (id, v))
+    }
+
+    /// `(op index, version)` of every read and write of `name` by the forward ops, replaying
+    /// the versioning for that one blob.
+    fn history(&self, name: &str) -> (History, History) {
+        let (mut reads, mut writes) = (Vec::new(), Vec::new());
+        let mut v: Option<u32> = None;
+        for (k, op) in self.ops.iter().enumerate() {
+            for i in &op.input {
+                if i == name {
+                    reads.push((k, *v.get_or_insert(0)));
+                }
+            }
+            for o in &op.output {
+                if o == name {
+                    let nv = v.map_or(0, |x| x + 1);
+                    v = Some(nv);
+                    writes.push((k, nv));
+                }
+            }
+        }
+        (reads, writes)
+    }
+
+    fn history_out(&self, name: &str) -> String {
+        let mut s = format!(
+            "DEBUG HELP:\nMaybe you use same output blob twice for different ops?\n\
+             == Version history of blob [{name}]\n"
+        );
+        for (k, v) in self.history(name).1 {
+            s.push_str(&format!(
+                "Version (out) {v} <-- {}\n",
+                text::op_text(&self.ops[k])
+            ));
+        }
+        s
+    }
+
+    fn history_in(&self, name: &str) -> String {
+        let mut s = format!(
+            "DEBUG HELP:\nMaybe the blob was overwritten by another op?\n\
+             == Version history of blob [{name}]\n"
+        );
+        for (k, v) in self.history(name).0 {
+            s.push_str(&format!(
+                "version (in) {v} <-- {}\n",
+                text::op_text(&self.ops[k])
+            ));
+        }
+        s
+    }
+
+    /// Caffe2's `DoGradientAccumulation`: sums the gradients of the input versions of op `k`
+    /// that several ops read, once `k` (their first reader) is reached.
+    fn accumulate(
+        &self,
+        k: usize,
+        grads: &mut GradTable,
+        all_ops: &mut Vec<OperatorDef>,
+        cx: &mut GradientContext<'_>,
+    ) -> Result<()> {
+        let ins = self.ins_of(k);
+        let start = self.in_start[k];
+        let mut seen: Option<FxSet<BlobId>> = (ins.len() > 16).then(FxSet::default);
+        for (p, &(id, _)) in ins.iter().enumerate() {
+            let first_time = match seen.as_mut() {
+                Some(set) => set.insert(id),
+                None => !ins[..p].iter().any(|q| q.0 == id),
+            };
+            let slot = self.in_slots[start + p] as usize;
+            if !first_time || self.usage_count[slot] <= 1 || self.usage_first[slot] != k as u32 {
+                continue;
+            }
+            let gens: Vec<Generator> = self.generators.iter(slot as u32).cloned().collect();
+            let name = self.names.name(id);
+            if !accumulate::needs_sum(&gens, name)? {
+                continue;
+            }
+            let (sum_ops, g) = accumulate::make_sum_ops(&gens, name, all_ops, cx.options)?;
+            all_ops.extend(sum_ops);
+            grads.set(id, g);
+        }
+        Ok(())
+    }
+
+    /// The IR's state in Caffe2's shapes.
+    pub fn state(&self) -> IrState {
+        let name = |id: BlobId| self.names.name(id).to_string();
+        let dict = |pairs: &[(BlobId, u32)]| {
+            let mut out: Vec<(String, u32)> = Vec::with_capacity(pairs.len());
+            let mut seen: FxMap<BlobId, usize> = FxMap::default();
+            for &(id, v) in pairs {
+                match seen.get(&id) {
+                    Some(&p) => out[p].1 = v,
+                    None => {
+                        seen.insert(id, out.len());
+                        out.push((name(id), v));
+                    }
+                }
+            }
+            out
+        };
+        let ssa = (0..self.ops.len())
+            .map(|k| (dict(self.ins_of(k)), dict(self.outs_of(k))))
+            .collect();
+        let frontier = (0..self.names.len() as BlobId)
+            .filter_map(|id| self.frontier[id as usize].map(|v| (name(id), v)))
+            .collect();
+        let mut users: Vec<Vec<u32>> = vec![Vec::new(); self.slots.len()];
+        let mut order: Vec<u32> = Vec::new();
+        let reads = (0..self.ops.len()).flat_map(|k| {
+            self.in_slots[self.in_start[k]..self.in_start[k + 1]]
+                .iter()
+                .map(move |&s| (s, k as u32))
+        });
+        let n = self.ops.len() as u32;
+        for (s, k) in reads.chain(self.ys_slots.iter().map(|&s| (s, n))) {
+            if users[s as usize].is_empty() {
+                order.push(s);
+            }
+            users[s as usize].push(k);
+        }
+        let input_usages = order
+            .iter()
+            .map(|&s| {
+                let (id, v) = self.slots[s as usize];
+                (name(id), v, std::mem::take(&mut users[s as usize]))
+            })
+            .collect();
+        let gradient_frontier = self
+            .gf_order
+            .iter()
+            .filter_map(|&id| {
+                self.gradient_frontier
+                    .get(id as usize)
+                    .copied()
+                    .flatten()
+                    .map(|v| (name(id), v))
+            })
+            .collect();
+        let gradient_generators = self
+            .generators
+            .keys()
+            .iter()
+            .map(|&s| {
+                let (id, v) = self.slots[s as usize];
+                (name(id), v, self.generators.iter(s).cloned().collect())
+            })
+            .collect();
+        let mut reads: FxMap<&str, Vec<(usize, u32)>> = FxMap::default();
+        let mut writes: FxMap<&str, Vec<(usize, u32)>> = FxMap::default();
+        let (mut read_order, mut write_order) = (Vec::new(), Vec::new());
+        let mut current: FxMap<&str, u32> = FxMap::default();
+        for (k, op) in self.ops.iter().enumerate() {
+            for i in &op.input {
+                let v = *current.entry(i.as_str()).or_insert(0);
+                reads
+                    .entry(i.as_str())
+                    .or_insert_with(|| {
+                        read_order.push(i.as_str());
+                        Vec::new()
+                    })
+                    .push((k, v));
+            }
+            for o in &op.output {
+                let v = match current.get(o.as_str()) {
+                    Some(v) => v + 1,
+                    None => 0,
+                };
+                current.insert(o.as_str(), v);
+                writes
+                    .entry(o.as_str())
+                    .or_insert_with(|| {
+                        write_order.push(o.as_str());
+                        Vec::new()
+                    })
+                    .push((k, v));
+            }
+        }
+        let hist = |order: Vec<&str>, mut m: FxMap<&str, Vec<(usize, u32)>>| {
+            order
+                .into_iter()
+                .map(|n| (n.to_string(), m.remove(n).unwrap_or_default()))
+                .collect()
+        };
+        IrState {
+            ssa,
+            frontier,
+            input_usages,
+            gradient_frontier,
+            gradient_generators,
+            in_version_history: hist(read_order, reads),
+            out_version_history: hist(write_order, writes),
+        }
+    }
+}
+
+/// Caffe2's `AppendSparseGenerators`: an op that writes both halves of a sparse gradient gives
+/// one generator with both slots.
+fn merge_sparse(mut gens: Vec<Generator>, name: &str) -> Result<Generator> {
+    match gens.len() {
+        1 => Ok(gens.remove(0)),
+        2 => {
+            let b = gens.remove(1);
+            let a = gens.remove(0);
+            let (
+                Generator::Sparse {
+                    indices_op: ai,
+                    values_op: av,
+                    indices,
+                    values,
+                    device_option: da,
+                },
+                Generator::Sparse {
+                    indices_op: bi,
+                    values_op: bv,
+                    indices: bind,
+                    values: bval,
+                    device_option: db,
+                },
+            ) = (a, b)
+            else {
+                return Err(Error::Assertion(format!(
+                    "sparse gradient generators of '{name}' are not sparse"
+                )));
+            };
+            if indices != bind || values != bval {
+                return Err(Error::Assertion(format!(
+                    "the two halves of the sparse gradient of '{name}' belong to different \
+                     gradients"
+                )));
+            }
+            if da != db {
+                return Err(Error::Assertion(format!(
+                    "Unequal devices for sparse generators: {} and {}",
+                    text::device_text(&da),
+                    text::device_text(&db)
+                )));
+            }
+            if (ai.is_some() && bi.is_some()) || (av.is_some() && bv.is_some()) {
+                return Err(Error::Assertion(format!(
+                    "the sparse gradient of '{name}' is written twice by one operator"
+                )));
+            }
+            Ok(Generator::Sparse {
+                indices_op: ai.or(bi),
+                values_op: av.or(bv),
+                indices,
+                values,
+                device_option: da,
+            })
+        }
+        n => Err(Error::Assertion(format!(
+            "{n} gradient ops of one operator write the sparse gradient of '{name}'"
+        ))),
+    }
+}

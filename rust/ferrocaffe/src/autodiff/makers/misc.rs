@@ -1,0 +1,150 @@
+//! Pass-through and bookkeeping operators (`Alias`, `Copy`, `ZeroGradient`), and the op types
+//! registered without a maker: `NO_GRADIENT` and `SHOULD_NOT_DO_GRADIENT` ones.
+
+use super::util::{arg_f, gop, grad_in, grad_out, input, set_dense, single, Slot::*};
+use crate::autodiff::maker::MakerCtx;
+use crate::autodiff::registry::{GradientKind, Registry};
+use crate::error::Result;
+use crate::proto::OperatorDef;
+
+/// Op types whose inputs get no gradient (fills, counters, `StopGradient`...).
+pub const NO_GRADIENT: &[&str] = &[
+    "AtomicIter",
+    "ConstantFill",
+    "EnsureCPUOutput",
+    "GaussianFill",
+    "GivenTensorBoolFill",
+    "GivenTensorFill",
+    "GivenTensorInt64Fill",
+    "GivenTensorIntFill",
+    "Iter",
+    "LearningRate",
+    "MSRAFill",
+    "RangeFill",
+    "Size",
+    "StopGradient",
+    "UniformFill",
+    "UniformIntFill",
+    "XavierFill",
+];
+
+/// Op types through which asking for a gradient is an error (comparisons, optimizers,
+/// resource and bookkeeping ops...).
+pub const SHOULD_NOT_DO_GRADIENT: &[&str] = &[
+    "Accuracy",
+    "Adagrad",
+    "Adam",
+    "And",
+    "AtomicFetchAdd",
+    "ChannelBackpropStats",
+    "ChannelStats",
+    "CheckAtomicBool",
+    "ConditionalSetAtomicBool",
+    "CreateAtomicBool",
+    "CreateMutex",
+    "CreateScope",
+    "EQ",
+    "Free",
+    "GE",
+    "GT",
+    "HasScope",
+    "LE",
+    "LT",
+    "MomentumSGD",
+    "MomentumSGDUpdate",
+    "NE",
+    "Not",
+    "Or",
+    "Print",
+    "RecurrentNetworkBlobFetcher",
+    "ResizeLike",
+    "ScatterAssign",
+    "ScatterWeightedSum",
+    "Shape",
+    "SparseAdagrad",
+    "SparseAdam",
+    "SparseMomentumSGDUpdate",
+    "Where",
+];
+
+/// Registers the pass-through makers and the gradient-less op types.
+pub fn register(r: &mut Registry) {
+    for t in NO_GRADIENT {
+        r.register(t, GradientKind::NoGradient);
+    }
+    for t in SHOULD_NOT_DO_GRADIENT {
+        r.register(t, GradientKind::ShouldNotDo);
+    }
+    r.register_maker("Alias", alias);
+    r.register_maker("Copy", single("CopyOnDeviceLike", &[GO(0), I(0)], &[GI(0)]));
+    r.register_maker("ZeroGradient", zero_gradient);
+}
+
+/// `Alias`: the input's gradient is the output's gradient itself; no op.
+fn alias(ctx: &mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> {
+    let g = grad_out(ctx, 0)?;
+    set_dense(ctx, 0, g)?;
+    Ok(vec![])
+}
+
+/// `ZeroGradient`: a zero gradient for its input, made like the input.
+fn zero_gradient(ctx: &mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> {
+    let x = input(ctx, 0)?;
+    let gi = grad_in(ctx, 0)?;
+    Ok(vec![gop(
+        "ConstantFill",
+        vec![x],
+        vec![gi],
+        vec![arg_f("value", 0.0)],
+    )])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::autodiff::maker::GradRef;
+    use crate::autodiff::makers::util::run_registered;
+    use crate::proto::DeviceOption;
+
+    #[test]
+    fn gradient_ops_inherit_device_and_engine() {
+        let mut def = OperatorDef::new("Copy", ["X"], ["Y"]);
+        def.device_option = Some(DeviceOption {
+            device_type: Some(1),
+            device_id: Some(2),
+            ..Default::default()
+        });
+        def.engine = Some("CUDNN".into());
+        let out = run_registered(register, &def, &[GradRef::Dense("dY".into())]).expect("grad");
+        let op = &out.ops[0];
+        assert_eq!(op.r#type(), "CopyOnDeviceLike");
+        assert_eq!(op.device_option, def.device_option);
+        assert_eq!(op.engine.as_deref(), Some("CUDNN"));
+        assert_eq!(op.is_gradient_op, Some(true));
+        assert_eq!(op.name.as_deref(), Some(""));
+    }
+
+    #[test]
+    fn zero_gradient_and_alias() {
+        let def = OperatorDef::new("ZeroGradient", ["x"], Vec::<String>::new());
+        let out = run_registered(register, &def, &[]).expect("grad");
+        assert_eq!(out.ops[0].arg, vec![arg_f("value", 0.0)]);
+        assert_eq!(out.input_grads, vec![GradRef::Dense("x_grad".into())]);
+        let def = OperatorDef::new("Alias", ["x"], ["y"]);
+        let out = run_registered(register, &def, &[GradRef::Dense("gy".into())]).expect("grad");
+        assert!(out.ops.is_empty());
+        assert_eq!(out.input_grads, vec![GradRef::Dense("gy".into())]);
+    }
+
+    #[test]
+    fn kinds_without_maker() {
+        let mut r = Registry::new();
+        register(&mut r);
+        assert!(matches!(
+            r.get("StopGradient"),
+            Some(GradientKind::NoGradient)
+        ));
+        assert!(matches!(r.get("Accuracy"), Some(GradientKind::ShouldNotDo)));
+        assert!(r.get("ReluGradient").is_none());
+    }
+}
