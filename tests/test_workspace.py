@@ -413,3 +413,25 @@ def test_serialize_round_trip():
     np.testing.assert_array_equal(got, np.arange(6).reshape(2, 3))
     with pytest.raises(RuntimeError, match="Cannot parse content into a BlobProto"):
         workspace.DeserializeBlob("v", b"\xff\xff")
+
+
+def test_run_operator_multiple_reset_blob_and_background_plans():
+    workspace.RunOperatorOnce(op("ConstantFill", [], ["it"], shape=[1], value=0, dtype=10))
+    assert workspace.RunOperatorMultiple(op("Iter", ["it"], ["it"]), 4)
+    assert workspace.FetchBlob("it").tolist() == [4]
+    assert "__run_operator_multiple__" not in workspace.Nets()
+    workspace.ResetBlob("it")
+    assert workspace.HasBlob("it") and isinstance(workspace.FetchBlob("it"), bytes)
+    workspace.FeedBlob("acc", np.zeros(1, np.float32))
+    workspace.FeedBlob("one", np.ones(1, np.float32))
+    plan = caffe2_pb2.PlanDef(name="p", network=[net("inc", [op("Add", ["acc", "one"], ["acc"])])])
+    plan.execution_step.add(name="loop", network=["inc"], num_iter=7)
+    run = workspace.RunPlanInBackground(plan)
+    assert run.wait(30) and run.is_done() and run.is_succeeded()
+    assert workspace.FetchBlob("acc").tolist() == [7.0]
+    bad = caffe2_pb2.PlanDef(name="bad")
+    bad.execution_step.add(name="s", network=["missing"])
+    run = workspace.RunPlanInBackground(bad)
+    assert run.wait(30) and not run.is_succeeded()
+    assert "uses undefined net missing" in str(run.error)
+    assert workspace.IsImmediate() is False
