@@ -309,9 +309,7 @@ class NetGradientChecker:
         results = []
         for net, net_outputs in zip(nets, outputs, strict=True):
             with_grad = [net_outputs[i] for i in outputs_with_grad_ids]
-            results.append(
-                _get_grad(net, net_outputs, with_grad, input_values, inputs_with_grads)
-            )
+            results.append(_get_grad(net, net_outputs, with_grad, input_values, inputs_with_grads))
         if print_net_images:
             for _, _, grad_net in results:
                 print(grad_net.Proto())

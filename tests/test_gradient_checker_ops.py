@@ -1,0 +1,233 @@
+"""Numerical gradient checks of every differentiable CPU operator.
+
+An op type is in scope when it has a CPU kernel, ``GetGradientForOp`` succeeds on a typical
+def of it (the catalog's ``typical_def``, the defs of tests/gradcheck_specs.py, or a def with
+generic input/output names), at least one input gets a gradient, and every op type of the
+gradient has a kernel. Every in-scope op type must have cases in ``SPECS`` or a reasoned entry
+in ``EXCLUDED``: a new differentiable kernel without one fails ``test_every_op_is_covered``.
+
+Each case runs ``GradientChecker.CheckSimple`` (central differences, every element) on each
+float input that gets a gradient. Sparse gradients (GradientSlice: Gather, SparseLengths*)
+are densified by the checker.
+"""
+
+import base64
+import json
+import zlib
+
+import numpy as np
+import pytest
+from conftest import golden_path
+from gradcheck_specs import EXCLUDED, SPECS
+
+from ferrocaffe import _native, core, gradient_checker, workspace
+from ferrocaffe.proto import caffe2_pb2
+
+KERNELS = frozenset(_native.kernel_types())
+
+
+def _catalog_ops():
+    path = golden_path().parent / "op-catalog.json"
+    if not path.is_file():
+        pytest.fail(f"op catalog not found at {path} (it sits beside the golden corpus)")
+    return json.loads(path.read_text())["ops"]
+
+
+def _catalog_def(entry):
+    g = (entry or {}).get("gradient") or {}
+    if not g.get("typical_def_b64"):
+        return None
+    op = caffe2_pb2.OperatorDef()
+    op.ParseFromString(base64.b64decode(g["typical_def_b64"]))
+    g_out = g.get("g_output") or [o + "_grad" for o in op.output]
+    return op, g_out
+
+
+def _generic_defs(op_type):
+    for n_in in range(1, 7):
+        for n_out in range(1, 4):
+            op = core.CreateOperator(
+                op_type, [f"X{i}" for i in range(n_in)], [f"Y{i}" for i in range(n_out)]
+            )
+            yield op, [o + "_grad" for o in op.output]
+
+
+def gradient_status(op, g_out):
+    """(differentiable, gradient op types, missing kernels) of one def; None when the
+    registry refuses it."""
+    try:
+        grad_ops, g_in = core.GradientRegistry.GetGradientForOp(op, g_out)
+    except Exception:
+        return None
+    types = [g.type for g in grad_ops]
+    missing = sorted({t for t in types if t not in KERNELS})
+    return any(g is not None for g in g_in), types, missing
+
+
+def _scope_of(op_type, defs):
+    """'in' (checkable now), 'pending' (differentiable, some gradient kernel missing) or
+    None (no gradient)."""
+    if op_type not in KERNELS:
+        return None
+    pending = False
+    for op, g_out in defs:
+        status = gradient_status(op, g_out)
+        if status is None or not status[0]:
+            continue
+        if not status[2]:
+            return "in"
+        pending = True
+    return "pending" if pending else None
+
+
+def _probe_defs(op_type, catalog):
+    found = _catalog_def(catalog.get(op_type))
+    if found is not None:
+        yield found
+    yield from _generic_defs(op_type)
+
+
+def _case_op(case):
+    return core.CreateOperator(
+        case.op_type, [n for n, _ in case.inputs], list(case.outputs), **case.args
+    )
+
+
+def _case_runnable(case):
+    """Forward kernel present, and either the registry refuses the def (the case then fails,
+    as it should) or every gradient op has a kernel."""
+    if case.op_type not in KERNELS:
+        return False
+    op = _case_op(case)
+    status = gradient_status(op, [o + "_grad" for o in op.output])
+    return status is None or not status[2]
+
+
+CASES = [c for cases in SPECS.values() for c in cases if _case_runnable(c)]
+
+
+def test_every_op_is_covered():
+    catalog = _catalog_ops()
+    all_types = sorted(KERNELS | set(_native.registered_operators()) | set(catalog))
+    uncovered = [
+        t
+        for t in all_types
+        if t not in SPECS and t not in EXCLUDED and _scope_of(t, _probe_defs(t, catalog)) == "in"
+    ]
+    assert not uncovered, (
+        "differentiable op types with kernels but no gradient-check cases in "
+        "tests/gradcheck_specs.py (add cases to SPECS, or a reason to EXCLUDED): %s" % uncovered
+    )
+
+
+def test_exclusions_and_specs_are_disjoint():
+    both = sorted(set(SPECS) & set(EXCLUDED))
+    assert not both, both
+    assert all(len(reason) > 30 for reason in EXCLUDED.values())
+
+
+def test_scope_is_not_trivial():
+    """The checks below cover the core differentiable ops (guards the scope logic itself)."""
+    checked = {c.op_type for c in CASES}
+    core_ops = {"FC", "Conv", "Relu", "Softmax", "SoftmaxWithLoss", "MaxPool", "Gather", "Add"}
+    assert core_ops <= checked, sorted(core_ops - checked)
+    assert len(checked) >= 60, len(checked)
+
+
+def _rng(case):
+    return np.random.default_rng(zlib.crc32(case.id.encode()))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_gradient_matches_finite_differences(case):
+    rng = _rng(case)
+    arrays = [make(rng) for _, make in case.inputs]
+    op = _case_op(case)
+    _, g_input = gradient_checker.getGradientForOp(op)
+    check = case.check
+    if check is None:
+        check = [
+            i
+            for i, g in enumerate(g_input)
+            if g is not None and i < len(arrays) and arrays[i].dtype.kind == "f"
+        ]
+    assert check or case.zero_grad_ok, f"{case.id}: no input gets a gradient"
+    if not check:
+        check = [0]
+    checker = gradient_checker.GradientChecker(
+        stepsize=case.stepsize,
+        threshold=case.threshold,
+        workspace_name="gradcheck_ops",
+        full_check=True,
+    )
+    failures = []
+    for i in check:
+        if g_input[i] is None:
+            assert case.zero_grad_ok, f"{case.id}: input {i} has no gradient"
+            continue
+        ok, grad, estimate = checker.CheckSimple(op, [a.copy() for a in arrays], i, case.grads)
+        if not case.zero_grad_ok:
+            assert np.any(estimate != 0), f"{case.id}: input {op.input[i]}: loss is flat"
+        if not ok:
+            bad = np.flatnonzero(
+                ~np.isclose(grad, estimate, atol=case.threshold, rtol=case.threshold)
+            )
+            failures.append(
+                "input %d (%s): %d/%d elements differ, max |diff| %.4g; first: %s"
+                % (
+                    i,
+                    op.input[i],
+                    bad.size,
+                    grad.size,
+                    float(np.max(np.abs(grad.astype(np.float64) - estimate))),
+                    [(int(k), float(grad.flat[k]), float(estimate.flat[k])) for k in bad[:4]],
+                )
+            )
+    assert not failures, f"{case.id}: gradient differs from central differences:\n" + "\n".join(
+        failures
+    )
+    assert workspace.CurrentWorkspace() != "gradcheck_ops"
+
+
+def test_checker_catches_a_wrong_gradient():
+    """A gradient op that is off by a factor must be reported (the checker is not vacuous)."""
+    op = core.CreateOperator("Sqr", ["X"], ["Y"])
+    x = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    wrong = [core.CreateOperator("Scale", ["Y_grad"], ["X_grad"], scale=3.0)]
+    checker = gradient_checker.GradientChecker(0.01, 0.01, full_check=True)
+    ok, grad, estimate = checker.CheckSimple(op, [x], 0, [0], grad_ops=wrong)
+    assert not ok
+    np.testing.assert_allclose(estimate, 2 * x**3, rtol=1e-3, atol=1e-4)
+    ok, _, _ = checker.CheckSimple(op, [x], 0, [0])
+    assert ok
+
+
+def test_checker_densifies_gradient_slices():
+    op = core.CreateOperator("Gather", ["DATA", "INDICES"], ["Y"])
+    data = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    idx = np.array([3, 1, 3], dtype=np.int32)
+    checker = gradient_checker.GradientChecker(0.01, 0.01, full_check=True)
+    ok, grad, estimate = checker.CheckSimple(op, [data, idx], 0, [0])
+    assert ok
+    expected = np.zeros_like(data)
+    expected[1] = data[1]
+    expected[3] = 2 * data[3]
+    np.testing.assert_allclose(grad, expected, rtol=1e-6)
+
+
+def test_checker_restores_the_callers_workspace_and_inputs():
+    workspace.SwitchWorkspace("gradcheck_caller", True)
+    workspace.FeedBlob("keep", np.ones(2, np.float32))
+    x = np.array([[0.5, -0.3]], dtype=np.float32)
+    before = x.copy()
+    try:
+        ok, _, _ = gradient_checker.GradientChecker(0.01, 0.01).CheckSimple(
+            core.CreateOperator("Tanh", ["X"], ["Y"]), [x], 0, [0]
+        )
+        assert ok
+        assert workspace.CurrentWorkspace() == "gradcheck_caller"
+        assert workspace.HasBlob("keep") and not workspace.HasBlob("X")
+        np.testing.assert_array_equal(x, before)
+    finally:
+        workspace.ResetWorkspace()
+        workspace.SwitchWorkspace("default")
