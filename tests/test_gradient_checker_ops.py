@@ -231,3 +231,104 @@ def test_checker_restores_the_callers_workspace_and_inputs():
     finally:
         workspace.ResetWorkspace()
         workspace.SwitchWorkspace("default")
+
+
+# -- control flow: Do and If take workspace blobs, so they are checked at the net level -------
+
+
+def _do(subnet, inner, outer_inputs, outer_outputs, ws, outer_idx=None):
+    """A Do op running ``subnet`` in workspace blob ``ws``; ``inner[k]`` is bound to the k-th
+    outer blob (inputs then outputs, the workspace blob left out) unless ``outer_idx``."""
+    idx = list(range(len(inner))) if outer_idx is None else outer_idx
+    return core.CreateOperator(
+        "Do",
+        list(outer_inputs) + [ws],
+        list(outer_outputs) + [ws],
+        net=subnet,
+        inner_blobs=list(inner),
+        outer_blobs_idx=idx,
+    )
+
+
+def _if_branch(name, build):
+    """A then/else net made of one Do op (the form Caffe2's control-flow builders emit)."""
+    inner = core.Net(name)
+    build(inner)
+    ws = "ws_" + name
+    branch = core.Net("do_" + name)
+    branch.Proto().op.extend(
+        [_do(inner.Proto(), ["y", "w", "x"], ["w", "x"], ["y"], ws, [2, 0, 1])]
+    )
+    branch.Proto().external_input.extend(["w", "x", ws])
+    branch.Proto().external_output.extend(["y", ws])
+    return branch.Proto()
+
+
+def _check_net(net, values, names, expect_nonzero=True):
+    for name in names:
+        mean, worst = gradient_checker.NetGradientChecker.Check(
+            net, ["y"], values, name, step_size=0.01, threshold=0.01, print_net=False
+        )
+        assert worst < 0.01, (name, worst)
+    if expect_nonzero:
+        _, grads, _ = gradient_checker._get_grad(net, [], ["y"], values, names)
+        assert all(np.any(g != 0) for g in grads.values())
+
+
+def test_control_flow_gradients_do():
+    rng = np.random.default_rng(7)
+    sub = core.Net("do_sub")
+    sub.Tanh(sub.FC(["in_x", "in_w", "in_b"], "in_h"), "in_y")
+    net = core.Net("cf_do")
+    net.CreateScope([], "ws")
+    net.Proto().op.extend(
+        [_do(sub.Proto(), ["in_x", "in_w", "in_b", "in_y"], ["x", "w", "b"], ["y"], "ws")]
+    )
+    values = {
+        "x": rng.uniform(-1, 1, (3, 4)).astype(np.float32),
+        "w": rng.uniform(-1, 1, (2, 4)).astype(np.float32),
+        "b": rng.uniform(-1, 1, (2,)).astype(np.float32),
+    }
+    workspace.SwitchWorkspace("gradcheck_cf", True)
+    try:
+        _check_net(net, values, ["x", "w", "b"])
+    finally:
+        workspace.ResetWorkspace()
+        workspace.SwitchWorkspace("default")
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_control_flow_gradients_if(cond):
+    rng = np.random.default_rng(8)
+    then_net = _if_branch("then", lambda n: n.Tanh(n.Mul(["x", "w"], "t"), "y"))
+    else_net = _if_branch("else", lambda n: n.Sqr(n.Add(["x", "w"], "t"), "y"))
+    net = core.Net("cf_if")
+    net.CreateScope([], "ws_then")
+    net.CreateScope([], "ws_else")
+    net.Proto().op.extend(
+        [
+            core.CreateOperator(
+                "If",
+                ["cond", "w", "x", "ws_then", "ws_else"],
+                ["y", "ws_then", "ws_else"],
+                then_net=then_net,
+                else_net=else_net,
+            )
+        ]
+    )
+    values = {
+        "cond": np.array(cond),
+        "x": rng.uniform(-1, 1, (2, 3)).astype(np.float32),
+        "w": rng.uniform(-1, 1, (2, 3)).astype(np.float32),
+    }
+    workspace.SwitchWorkspace("gradcheck_cf", True)
+    try:
+        _check_net(net, values, ["x", "w"])
+        # the branch taken decides the gradient: tanh(x*w) vs (x+w)^2
+        _, grads, _ = gradient_checker._get_grad(net, [], ["y"], values, ["x"])
+        x, w = values["x"], values["w"]
+        want = (1 - np.tanh(x * w) ** 2) * w if cond else 2 * (x + w)
+        np.testing.assert_allclose(grads["x"], want, rtol=1e-4, atol=1e-5)
+    finally:
+        workspace.ResetWorkspace()
+        workspace.SwitchWorkspace("default")

@@ -348,8 +348,8 @@ class NetGradientChecker:
         """Checks the gradient of ``sum(sum(o) for o in outputs_with_grad)`` with respect to
         the blob ``input_to_check`` (whose value is ``input_values[input_to_check]``) against
         central differences over every element. Blobs the net needs and ``input_values``
-        does not give must already be in the workspace; the checked blob gets its original
-        value back afterwards. Returns (mean, max) of the absolute differences; raises
+        does not give must already be in the workspace; ``input_values`` are fed again before
+        every run, and the checked blob gets its original value back afterwards. Returns (mean, max) of the absolute differences; raises
         AssertionError when they exceed ``threshold`` (absolute and relative)."""
         _, grads, _ = _get_grad(net, [], outputs_with_grad, input_values, [input_to_check])
         analytic = grads[input_to_check]
@@ -357,6 +357,10 @@ class NetGradientChecker:
         forward = net.Proto() if hasattr(net, "Proto") else net
 
         def loss_at(value):
+            # every given value is fed again: the net may overwrite its inputs (in-place ops,
+            # loop state)
+            for name, given in input_values.items():
+                workspace.FeedBlob(name, given)
             workspace.FeedBlob(input_to_check, value)
             workspace.RunNetOnce(forward)
             return sum(
