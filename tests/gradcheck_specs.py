@@ -39,6 +39,9 @@ class Case:
     threshold: float = THRESHOLD
     # The gradient may be identically zero (ZeroGradient, a loss that ignores an input...).
     zero_grad_ok: bool = False
+    # Explicit gradient ops, (type, inputs, outputs, args) each, for gradient kernels that no
+    # gradient maker emits (GRADIENT_KERNELS_WITHOUT_MAKER); None: the registry's.
+    grad_ops: list | None = None
 
     @property
     def id(self):
@@ -214,7 +217,18 @@ def _lengths_cases():
                     ("INDICES", idx),
                     ("LENGTHS", lengths),
                 ],
-            )
+            ),
+            _c(
+                "SparseLengthsWeightedSum",
+                [
+                    ("DATA", data),
+                    ("WEIGHTS", uniform((6,))),
+                    ("INDICES", idx),
+                    ("LENGTHS", lengths),
+                ],
+                args={"grad_on_weights": 1},
+                variant="grad_on_weights",
+            ),
         ],
         "LengthsSum": [_c("LengthsSum", [("DATA", uniform((6, 3))), ("LENGTHS", lengths)])],
         "UnsortedSegmentSum": [
@@ -730,3 +744,143 @@ EXCLUDED = {
     "RecurrentNetwork": "its def (step net, links, recurrent states) is built by "
     "recurrent.recurrent_net; its gradient is checked against Caffe2's in the RNN tests",
 }
+
+
+# -- gradient kernels that no gradient maker emits --------------------------------------------
+# Checked with explicit gradient ops (Caffe2's conventions for their inputs). Sparse gradients
+# are densified with SparseToDense so that the checker reads a dense <input>_grad.
+
+
+def _g(op_type, inputs, outputs, **args):
+    return (op_type, list(inputs), list(outputs), args)
+
+
+def _to_dense(values="DATA_grad_values"):
+    return _g("SparseToDense", ["INDICES", values, "DATA"], ["DATA_grad"])
+
+
+def _no_maker_cases():
+    data = uniform((5, 3))
+    idx = const([0, 2, 2, 4, 1, 0])
+    lengths = const([2, 3, 1])
+    weights = uniform((6,))
+    sparse = [("DATA", data), ("INDICES", idx), ("LENGTHS", lengths)]
+    sparse_w = [("DATA", data), ("WEIGHTS", weights), ("INDICES", idx), ("LENGTHS", lengths)]
+    dense = [("DATA", uniform((6, 3))), ("LENGTHS", lengths)]
+    dense_w = [("DATA", uniform((6, 3))), ("WEIGHTS", weights), ("LENGTHS", lengths)]
+    pool_x = distinct((2, 2, 4, 4), gap=0.05)
+    return [
+        _c(
+            "ReduceMin",
+            [("X", distinct((2, 3, 4)))],
+            args={"axes": [1], "keepdims": 0},
+            grad_ops=[_g("ReduceMinGradient", ["Y_grad", "X", "Y"], ["X_grad"], axes=[1])],
+        ),
+        _c(
+            "LengthsSum",
+            dense,
+            variant="LengthsSumGradient",
+            grad_ops=[_g("LengthsSumGradient", ["Y_grad", "LENGTHS"], ["DATA_grad"])],
+        ),
+        _c(
+            "LengthsMean",
+            dense,
+            variant="LengthsMeanGradient",
+            grad_ops=[_g("LengthsMeanGradient", ["Y_grad", "LENGTHS"], ["DATA_grad"])],
+        ),
+        _c(
+            "LengthsMean",
+            dense,
+            variant="LengthsIndicesInGradientMeanGradient",
+            grad_ops=[
+                _g(
+                    "LengthsIndicesInGradientMeanGradient",
+                    ["Y_grad", "LENGTHS", "DATA"],
+                    ["DATA_grad"],
+                )
+            ],
+        ),
+        _c(
+            "LengthsWeightedSum",
+            dense_w,
+            variant="LengthsWeightedSumGradient",
+            grad_ops=[
+                _g("LengthsWeightedSumGradient", ["WEIGHTS", "Y_grad", "LENGTHS"], ["DATA_grad"])
+            ],
+        ),
+        _c(
+            "LengthsWeightedSum",
+            dense_w,
+            variant="LengthsIndicesInGradientWeightedSumGradient",
+            grad_ops=[
+                _g(
+                    "LengthsIndicesInGradientWeightedSumGradient",
+                    ["WEIGHTS", "Y_grad", "LENGTHS", "DATA"],
+                    ["DATA_grad"],
+                )
+            ],
+        ),
+        _c(
+            "SparseLengthsSum",
+            sparse,
+            variant="SparseLengthsSumGradient",
+            grad_ops=[
+                _g("SparseLengthsSumGradient", ["Y_grad", "LENGTHS"], ["DATA_grad_values"]),
+                _to_dense(),
+            ],
+        ),
+        _c(
+            "SparseLengthsMean",
+            sparse,
+            variant="SparseLengthsMeanGradient",
+            grad_ops=[
+                _g("SparseLengthsMeanGradient", ["Y_grad", "LENGTHS"], ["DATA_grad_values"]),
+                _to_dense(),
+            ],
+        ),
+        _c(
+            "SparseLengthsWeightedSum",
+            sparse_w,
+            variant="SparseLengthsWeightedSumGradient",
+            grad_ops=[
+                _g(
+                    "SparseLengthsWeightedSumGradient",
+                    ["WEIGHTS", "Y_grad", "LENGTHS"],
+                    ["DATA_grad_values"],
+                ),
+                _to_dense(),
+            ],
+        ),
+        _c(
+            "MaxPool2D",
+            [("X", pool_x)],
+            args={"kernel": 2, "stride": 2},
+            grad_ops=[
+                _g("MaxPool2DGradient", ["X", "Y", "Y_grad"], ["X_grad"], kernel=2, stride=2)
+            ],
+        ),
+        _c(
+            "AveragePool2D",
+            [("X", pool_x)],
+            args={"kernel": 2, "stride": 1},
+            grad_ops=[
+                _g("AveragePool2DGradient", ["X", "Y", "Y_grad"], ["X_grad"], kernel=2, stride=1)
+            ],
+        ),
+        _c(
+            "Conv2D",
+            [("X", uniform((2, 2, 4, 4))), ("W", uniform((3, 2, 2, 2))), ("b", uniform((3,)))],
+            args={"kernel": 2},
+            grad_ops=[
+                _g(
+                    "Conv2DGradient",
+                    ["X", "W", "Y_grad"],
+                    ["W_grad", "b_grad", "X_grad"],
+                    kernel=2,
+                )
+            ],
+        ),
+    ]
+
+
+GRADIENT_KERNELS_WITHOUT_MAKER = _no_maker_cases()

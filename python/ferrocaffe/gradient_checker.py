@@ -164,7 +164,8 @@ class GradientChecker:
         ``inputs``: numpy arrays, one per input of ``op``; ``outputs_with_grads``: indices of
         the outputs that make up the loss ``0.5 * sum(y ** 2)``; ``grad_ops``: the gradient
         ops (default: from the gradient registry, each output's gradient named
-        ``<output>_grad``).
+        ``<output>_grad``; an op type the registry has no gradient for can be checked by giving
+        ``grad_ops`` that write ``<input>_grad``).
 
         Returns ``(ok, grad, grad_estimated)``; prints the failing elements when not ok.
         """
@@ -205,7 +206,15 @@ class GradientChecker:
             )
         outputs_with_grads = list(outputs_with_grads)
         inputs = [np.asarray(x) for x in inputs]
-        registry_ops, g_input = getGradientForOp(op)
+        try:
+            registry_ops, g_input = getGradientForOp(op)
+        except Exception:
+            if grad_ops is None:
+                raise
+            # An op type without a gradient maker, checked with the given gradient ops: the
+            # gradient of input x is the blob x_grad they produce.
+            produced = {out for g in grad_ops for out in g.output}
+            g_input = [x + "_grad" if x + "_grad" in produced else None for x in op.input]
         if grad_ops is None:
             grad_ops = registry_ops
         grad_name = g_input[input_to_check] if input_to_check < len(g_input) else None
