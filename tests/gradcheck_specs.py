@@ -736,11 +736,11 @@ EXCLUDED = {
     "cannot feed; its gradient is checked at the net level (test_control_flow_gradients)",
     "If": "control flow: the condition is a bool input and the branch workspaces are inputs; "
     "checked at the net level (test_control_flow_gradients)",
-    "While": "control flow: loop state and workspaces are inputs, not arrays. At the net "
-    "level (y += tanh(w * x) three times) the gradient of the loop-invariant w comes out as "
-    "one iteration's share (1/3 of the finite difference): the backward loop overwrites w_grad "
-    "instead of summing it; the golden data records the gradient ops, not their values, so "
-    "whether Caffe2 did the same is open (reported)",
+    "While": "control flow: loop state and workspaces are inputs, not arrays. Caffe2's While "
+    "gradient is not a true derivative for loop-invariant inputs: the backward loop writes "
+    "w_grad once per iteration without summing (the golden gradient corpus, e.g. "
+    "grad.control.while_mul_loop_named_ys, has no Sum op), so for y += tanh(w * x) run 3 times "
+    "it yields 1/3 of the finite difference; ferrocaffe reproduces that",
     "RecurrentNetwork": "its def (step net, links, recurrent states) is built by "
     "recurrent.recurrent_net; its gradient is checked against Caffe2's in the RNN tests",
 }
