@@ -370,3 +370,40 @@ def test_control_flow_gradients_if(cond):
     finally:
         workspace.ResetWorkspace()
         workspace.SwitchWorkspace("default")
+
+
+def test_checker_estimates_the_edges_only_unless_asked(monkeypatch, capsys):
+    """Caffe2's default: only the first and last three elements are estimated (the others
+    copy the analytic value); CAFFE2_FULL_GRAD_CHECK=1 or full_check=True estimates all."""
+    monkeypatch.delenv("CAFFE2_FULL_GRAD_CHECK", raising=False)
+    monkeypatch.delenv("FERROCAFFE_FULL_GRAD_CHECK", raising=False)
+    op = core.CreateOperator("Sqr", ["X"], ["Y"])
+    x = np.linspace(0.1, 1.0, 10, dtype=np.float32)
+    wrong = [core.CreateOperator("Scale", ["Y_grad"], ["X_grad"], scale=3.0)]
+    ok, grad, estimate = gradient_checker.GradientChecker(0.01, 0.01).CheckSimple(
+        op, [x], 0, [0], grad_ops=wrong
+    )
+    assert not ok
+    assert "Failed. [idx, grad, grad_estimate] are:" in capsys.readouterr().out
+    differs = np.flatnonzero(grad != estimate)
+    assert set(differs) == {0, 1, 2, 7, 8, 9}
+    monkeypatch.setenv("CAFFE2_FULL_GRAD_CHECK", "1")
+    _, grad, estimate = gradient_checker.GradientChecker(0.01, 0.01).CheckSimple(
+        op, [x], 0, [0], grad_ops=wrong
+    )
+    assert np.flatnonzero(grad != estimate).size == 10
+
+
+def test_checker_argument_errors_and_inferred_outputs():
+    caller = workspace.CurrentWorkspace()
+    checker = gradient_checker.GradientChecker(0.01, 0.01, full_check=True)
+    fc = core.CreateOperator("FC", ["X", "W", "b"], ["Y"])
+    x, w, b = (np.full(s, 0.5, np.float32) for s in [(2, 3), (4, 3), (4,)])
+    ok, grad, _ = checker.CheckSimple(fc, [x, w, b], 1, [0], ensure_outputs_are_inferred=True)
+    assert ok and grad.shape == w.shape
+    with pytest.raises(ValueError, match="FC has 3 inputs, 2 arrays were given"):
+        checker.CheckSimple(fc, [x, w], 0, [0])
+    xent = core.CreateOperator("LabelCrossEntropy", ["P", "label"], ["Y"])
+    with pytest.raises(ValueError, match=r"input 1 \(label\) of LabelCrossEntropy has no gradient"):
+        checker.CheckSimple(xent, [np.full((2, 3), 0.3, np.float32), np.zeros(2, np.int32)], 1, [0])
+    assert workspace.CurrentWorkspace() == caller
