@@ -74,6 +74,7 @@ pub mod copy;
 pub mod counters;
 pub mod db;
 pub mod elementwise;
+pub mod elementwise_linear;
 pub mod fc;
 pub mod fill;
 pub mod load_save;
@@ -91,7 +92,9 @@ pub mod resize;
 pub mod rng;
 pub mod rnn_units;
 pub mod shape;
+pub mod sigmoid_xent;
 pub mod sparse;
+pub mod sparse_optim;
 
 use super::registry::Registry;
 
@@ -121,4 +124,7 @@ pub fn register_all(r: &mut Registry) {
     rnn_units::register(r);
     load_save::register(r);
     queue::register(r);
+    elementwise_linear::register(r);
+    sigmoid_xent::register(r);
+    sparse_optim::register(r);
 }

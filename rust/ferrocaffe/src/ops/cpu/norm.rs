@@ -1,6 +1,6 @@
 //! Normalisation: SpatialBN (inference with `is_test`, and training with running statistics)
-//! and its gradient, LRN (cross-channel), InstanceNorm, LayerNorm and its gradient — NCHW or
-//! NHWC where it applies.
+//! and its gradient, LRN (cross-channel) and its gradient, InstanceNorm, LayerNorm and its
+//! gradient — NCHW or NHWC where it applies.
 
 use crate::error::{Error, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
@@ -22,7 +22,8 @@ pub fn register(r: &mut Registry) {
         )))
     });
     r.cpu("SpatialBNGradient", |i| create_bn(i, true));
-    r.cpu("LRN", create_lrn);
+    r.cpu("LRN", |i| create_lrn(i, false));
+    r.cpu("LRNGradient", |i| create_lrn(i, true));
     r.cpu("InstanceNorm", create_instance_norm);
     r.cpu("LayerNorm", |i| create_layer_norm(i, false));
     r.cpu("LayerNormGradient", |i| create_layer_norm(i, true));
@@ -249,29 +250,45 @@ struct Lrn {
     nhwc: bool,
 }
 
-impl Operator for Lrn {
-    fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
-        let dims = ctx.input(0)?.dims().to_vec();
-        let (n, c, inner) = layout(&dims, self.nhwc)?;
-        let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
-        let pre = (self.size - 1) / 2;
+impl Lrn {
+    /// `bias + alpha / size * (sum of squares over the channel window)` at every element.
+    fn scale(&self, x: &[f32], n: usize, c: usize, inner: usize) -> Vec<f32> {
         let a = self.alpha / self.size as f32;
         let mut scale = vec![0f32; x.len()];
+        self.for_windows(n, c, inner, |k, window| {
+            let sum: f32 = window.map(|j| x[j] * x[j]).sum();
+            scale[k] = self.bias + a * sum;
+        });
+        scale
+    }
+
+    /// Calls `f(element, indices of its channel window)` for every element: the window of
+    /// channel `ch` spans channels `ch - (size - 1) / 2 ..= ch + (size - 1) / 2`, clipped.
+    fn for_windows(
+        &self,
+        n: usize,
+        c: usize,
+        inner: usize,
+        mut f: impl FnMut(usize, &mut dyn Iterator<Item = usize>),
+    ) {
+        let pre = (self.size - 1) / 2;
         for img in 0..n {
             for s in 0..inner {
                 for ch in 0..c {
                     let lo = ch.saturating_sub(pre);
                     let hi = (ch + self.size - pre).min(c);
-                    let sum: f32 = (lo..hi)
-                        .map(|j| {
-                            let v = x[at(self.nhwc, c, inner, img, j, s)];
-                            v * v
-                        })
-                        .sum();
-                    scale[at(self.nhwc, c, inner, img, ch, s)] = self.bias + a * sum;
+                    let mut window = (lo..hi).map(|j| at(self.nhwc, c, inner, img, j, s));
+                    f(at(self.nhwc, c, inner, img, ch, s), &mut window);
                 }
             }
         }
+    }
+
+    fn forward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let dims = ctx.input(0)?.dims().to_vec();
+        let (n, c, inner) = layout(&dims, self.nhwc)?;
+        let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
+        let scale = self.scale(&x, n, c, inner);
         {
             let y = ctx.output(0)?.ensure::<f32>(&dims);
             for ((o, &v), &sc) in y.iter_mut().zip(&x).zip(&scale) {
@@ -283,19 +300,70 @@ impl Operator for Lrn {
         }
         Ok(())
     }
+
+    /// Inputs X, Y, dY; output dX. With `s` the scale, `Y = X s^-beta` gives
+    /// `dX_c = dY_c s_c^-beta - 2 alpha beta / size * X_c * sum_{j in window(c)} dY_j Y_j / s_j`
+    /// (the windows are symmetric, so c is in window(j) exactly when j is in window(c)).
+    fn backward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let dims = ctx.input(0)?.dims().to_vec();
+        let (n, c, inner) = layout(&dims, self.nhwc)?;
+        for i in 1..3 {
+            if ctx.input(i)?.dims() != dims.as_slice() {
+                return Err(rt(format!(
+                    "input {i} ('{}') has shape {:?}, expected the shape of X {dims:?}",
+                    ctx.input_name(i),
+                    ctx.input(i)?.dims()
+                )));
+            }
+        }
+        let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
+        let scale = self.scale(&x, n, c, inner);
+        let ratio: Vec<f32> = {
+            let y = ctx.input(1)?.as_slice::<f32>()?;
+            let dy = ctx.input(2)?.as_slice::<f32>()?;
+            (0..x.len()).map(|k| dy[k] * y[k] / scale[k]).collect()
+        };
+        let dy = ctx.input(2)?.as_slice::<f32>()?.to_vec();
+        let cache_ratio = 2.0 * self.alpha * self.beta / self.size as f32;
+        let mut dx = vec![0f32; x.len()];
+        self.for_windows(n, c, inner, |k, window| {
+            let acc: f32 = window.map(|j| ratio[j]).sum();
+            dx[k] = dy[k] * scale[k].powf(-self.beta) - cache_ratio * x[k] * acc;
+        });
+        ctx.output(0)?.ensure::<f32>(&dims).copy_from_slice(&dx);
+        Ok(())
+    }
 }
 
-fn create_lrn(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+struct LrnOp {
+    lrn: Lrn,
+    gradient: bool,
+}
+
+impl Operator for LrnOp {
+    fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
+        if self.gradient {
+            self.lrn.backward(ctx)
+        } else {
+            self.lrn.forward(ctx)
+        }
+    }
+}
+
+fn create_lrn(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
     let size = init.args.usize("size", 0)?;
     if size == 0 || size % 2 == 0 {
         return Err(init.err(format!("LRN size must be odd and positive, got {size}")));
     }
-    Ok(Box::new(Lrn {
-        size,
-        alpha: init.args.float("alpha", 0.0)?,
-        beta: init.args.float("beta", 0.0)?,
-        bias: init.args.float("bias", 1.0)?,
-        nhwc: nhwc(init)?,
+    Ok(Box::new(LrnOp {
+        lrn: Lrn {
+            size,
+            alpha: init.args.float("alpha", 0.0)?,
+            beta: init.args.float("beta", 0.0)?,
+            bias: init.args.float("bias", 1.0)?,
+            nhwc: nhwc(init)?,
+        },
+        gradient,
     }))
 }
 
@@ -570,4 +638,78 @@ fn channel_backprop_stats(ctx: &mut OpContext<'_>, nhwc: bool) -> Result<()> {
     ctx.output(0)?.ensure::<f32>(&[c]).copy_from_slice(&ds);
     ctx.output(1)?.ensure::<f32>(&[c]).copy_from_slice(&db);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::proto::{Argument, OperatorDef};
+    use crate::tensor::Tensor;
+    use crate::workspace::Workspace;
+
+    fn lrn_op(ty: &str, ins: &[&str], outs: &[&str], order: &str) -> OperatorDef {
+        let mut op = OperatorDef::new(ty, ins.iter().copied(), outs.iter().copied());
+        let arg = |name: &str| Argument {
+            name: Some(name.into()),
+            ..Default::default()
+        };
+        op.arg.push(Argument {
+            i: Some(3),
+            ..arg("size")
+        });
+        op.arg.push(Argument {
+            f: Some(3.0),
+            ..arg("alpha")
+        });
+        op.arg.push(Argument {
+            f: Some(1.0),
+            ..arg("beta")
+        });
+        op.arg.push(Argument {
+            s: Some(order.as_bytes().to_vec()),
+            ..arg("order")
+        });
+        op
+    }
+
+    fn close(a: &[f32], b: &[f32]) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() < 1e-6, "{a:?} vs {b:?}");
+        }
+    }
+
+    /// size 3, alpha / size = 1, beta 1, bias 1 and X = [1, 2, 0] over three channels: the
+    /// scales are 1 + [1 + 4, 1 + 4 + 0, 4 + 0] = [6, 6, 5]; with dY = 1 the derivative of
+    /// sum(Y) = 1/6 + 2/6 + 0 works out by hand to [0, -1/6, 1/5].
+    #[test]
+    fn lrn_gradient_matches_hand_derivative() {
+        for (order, dims) in [("NCHW", [1usize, 3, 1, 1]), ("NHWC", [1, 1, 1, 3])] {
+            let ws = Workspace::new();
+            ws.feed("X", Tensor::from_vec(&dims, vec![1.0f32, 2.0, 0.0]).unwrap());
+            ws.run_operator_once(&lrn_op("LRN", &["X"], &["Y", "S"], order))
+                .unwrap();
+            let y = ws.fetch("Y").unwrap();
+            close(y.as_slice::<f32>().unwrap(), &[1.0 / 6.0, 2.0 / 6.0, 0.0]);
+            close(
+                ws.fetch("S").unwrap().as_slice::<f32>().unwrap(),
+                &[6.0, 6.0, 5.0],
+            );
+            ws.feed("dY", Tensor::from_vec(&dims, vec![1.0f32; 3]).unwrap());
+            let g = lrn_op("LRNGradient", &["X", "Y", "dY"], &["dX"], order);
+            ws.run_operator_once(&g).unwrap();
+            let dx = ws.fetch("dX").unwrap();
+            assert_eq!(dx.dims(), &dims);
+            close(dx.as_slice::<f32>().unwrap(), &[0.0, -1.0 / 6.0, 0.2]);
+        }
+    }
+
+    #[test]
+    fn lrn_gradient_checks_shapes() {
+        let ws = Workspace::new();
+        ws.feed("X", Tensor::from_vec(&[1, 3, 1, 1], vec![1.0f32; 3]).unwrap());
+        ws.feed("dY", Tensor::from_vec(&[1, 2, 1, 1], vec![1.0f32; 2]).unwrap());
+        let g = lrn_op("LRNGradient", &["X", "X", "dY"], &["dX"], "NCHW");
+        let e = ws.run_operator_once(&g).unwrap_err().to_string();
+        assert!(e.contains("'dY'"), "{e}");
+    }
 }

@@ -1,4 +1,4 @@
-//! Optimizers: LearningRate, WeightedSum, MomentumSGD, MomentumSGDUpdate, Adagrad,
+//! Optimizers: LearningRate, WeightedSum and its gradient, MomentumSGD, MomentumSGDUpdate, Adagrad,
 //! SparseAdagrad, Adam.
 //!
 //! State inputs are updated in place (the schemas enforce or allow it); when an output is not
@@ -12,6 +12,12 @@ use crate::ops::registry::Registry;
 pub fn register(r: &mut Registry) {
     r.cpu("LearningRate", create_lr);
     r.cpu("WeightedSum", |_| Ok(Box::new(FnOp(weighted_sum))));
+    r.cpu("WeightedSumGradient", |i| {
+        let grad_on_w = i.args.bool("grad_on_w", false)?;
+        Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+            weighted_sum_grad(ctx, grad_on_w)
+        })))
+    });
     r.cpu("MomentumSGD", |i| create_momentum(i, false));
     r.cpu("MomentumSGDUpdate", |i| create_momentum(i, true));
     r.cpu("Adagrad", create_adagrad);
@@ -191,6 +197,56 @@ fn weighted_sum(ctx: &mut OpContext<'_>) -> Result<()> {
     Ok(())
 }
 
+/// Inputs (dY, X_0, w_0, X_1, w_1, ...); outputs dX_i = w_i * dY, then with `grad_on_w` the
+/// weights' gradients dw_i = <dY, X_i> (one value each).
+fn weighted_sum_grad(ctx: &mut OpContext<'_>, grad_on_w: bool) -> Result<()> {
+    let n_in = ctx.num_inputs();
+    if n_in % 2 != 1 {
+        return Err(rt(format!(
+            "WeightedSumGradient needs dY then (X, weight) pairs, got {n_in} inputs"
+        )));
+    }
+    let pairs = n_in / 2;
+    let n_out = if grad_on_w { 2 * pairs } else { pairs };
+    if ctx.num_outputs() != n_out {
+        return Err(rt(format!(
+            "WeightedSumGradient with grad_on_w={} and {pairs} (X, weight) pairs needs {n_out} \
+             outputs, got {}",
+            u8::from(grad_on_w),
+            ctx.num_outputs()
+        )));
+    }
+    let dims = ctx.input(0)?.dims().to_vec();
+    let dy = read_input(ctx, 0)?;
+    for k in 0..pairs {
+        let w = scalar(ctx, 2 * k + 2)?;
+        let dw = if grad_on_w {
+            let x = ctx.input(2 * k + 1)?;
+            if x.numel() != dy.len() {
+                return Err(rt(format!(
+                    "input {} ('{}') has {} values, expected {} (the size of dY)",
+                    2 * k + 1,
+                    ctx.input_name(2 * k + 1),
+                    x.numel(),
+                    dy.len()
+                )));
+            }
+            let xs = x.as_slice::<f32>()?;
+            Some(dy.iter().zip(xs).map(|(a, b)| a * b).sum::<f32>())
+        } else {
+            None
+        };
+        let dx = ctx.output(k)?.ensure::<f32>(&dims);
+        for (o, &g) in dx.iter_mut().zip(&dy) {
+            *o = w * g;
+        }
+        if let Some(v) = dw {
+            ctx.output(pairs + k)?.ensure::<f32>(&[1])[0] = v;
+        }
+    }
+    Ok(())
+}
+
 fn create_momentum(init: &OpInit<'_>, update: bool) -> Result<Box<dyn Operator>> {
     let momentum = init.args.float("momentum", 0.0)?;
     let nesterov = init.args.bool("nesterov", false)?;
@@ -309,7 +365,8 @@ fn create_sparse_adagrad(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
 fn create_adam(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let b1 = init.args.float("beta1", 0.9)?;
     let b2 = init.args.float("beta2", 0.999)?;
-    let eps = init.args.float("epsilon", 1e-8)?;
+    // Caffe2's Adam reads epsilon with the default 1e-5.
+    let eps = init.args.float("epsilon", 1e-5)?;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let lr = scalar(ctx, 4)?;
         let it = ctx.input(5)?.to_i64_vec()?;
@@ -327,11 +384,18 @@ fn create_adam(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         if m1.len() != g.len() || m2.len() != g.len() {
             return Err(rt("param, moments and grad must have the same size"));
         }
+        // The optional output is the effective gradient, the step without the learning rate.
+        let with_grad = ctx.num_outputs() > 3;
         let mut step = vec![0f32; g.len()];
         for i in 0..g.len() {
             m1[i] = b1 * m1[i] + (1.0 - b1) * g[i];
             m2[i] = b2 * m2[i] + (1.0 - b2) * g[i] * g[i];
-            step[i] = lr * correction * m1[i] / (m2[i].sqrt() + eps);
+            let denom = m2[i].sqrt() + eps;
+            step[i] = if with_grad {
+                correction * m1[i] / denom
+            } else {
+                lr * correction * m1[i] / denom
+            };
         }
         {
             let p = ctx.output(0)?.as_mut_slice::<f32>()?;
@@ -339,12 +403,12 @@ fn create_adam(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
                 return Err(rt("param must have the size of grad"));
             }
             for (pv, s) in p.iter_mut().zip(&step) {
-                *pv += s;
+                *pv += if with_grad { lr * s } else { *s };
             }
         }
         ctx.output(1)?.as_mut_slice::<f32>()?.copy_from_slice(&m1);
         ctx.output(2)?.as_mut_slice::<f32>()?.copy_from_slice(&m2);
-        if ctx.num_outputs() > 3 {
+        if with_grad {
             let dims = ctx.input(3)?.dims().to_vec();
             ctx.output(3)?.ensure::<f32>(&dims).copy_from_slice(&step);
         }

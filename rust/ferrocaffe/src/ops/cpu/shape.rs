@@ -1,5 +1,5 @@
 //! Shape ops: Reshape, Flatten, FlattenToVec, ResizeLike, ExpandDims, Squeeze, Shape,
-//! Transpose, NCHW2NHWC, NHWC2NCHW, Concat / DepthConcat, Split / DepthSplit, Slice and
+//! Size, Transpose, NCHW2NHWC, NHWC2NCHW, Concat / DepthConcat, Split / DepthSplit, Slice and
 //! SliceGradient, Tile and TileGradient.
 //!
 //! Ops that only change the shape share the input's buffer copy-on-write (no copy).
@@ -98,6 +98,14 @@ pub fn register(r: &mut Registry) {
             ctx.output(0)?
                 .ensure::<i64>(&[vals.len()])
                 .copy_from_slice(&vals);
+            Ok(())
+        })))
+    });
+    // Number of elements of X, as an int64 scalar.
+    r.cpu("Size", |_| {
+        Ok(Box::new(FnOp(|ctx: &mut OpContext<'_>| {
+            let n = ctx.input(0)?.numel() as i64;
+            ctx.output(0)?.ensure::<i64>(&[])[0] = n;
             Ok(())
         })))
     });
@@ -667,6 +675,27 @@ mod tests {
         let mut runs = Vec::new();
         for_each_run(&[2, 3, 4], &r, |a, b, n| runs.push((a, b, n)));
         assert_eq!(runs, vec![(4, 0, 4), (8, 4, 4), (16, 8, 4), (20, 12, 4)]);
+    }
+
+    #[test]
+    fn size_is_an_int64_scalar() {
+        use crate::proto::OperatorDef;
+        use crate::tensor::Tensor;
+        use crate::workspace::Workspace;
+        let ws = Workspace::new();
+        let op = OperatorDef::new("Size", ["x"], ["n"]);
+        for (dims, want) in [(vec![2usize, 3, 4], 24i64), (vec![], 1), (vec![5, 0], 0)] {
+            let numel = dims.iter().product();
+            ws.feed("x", Tensor::from_vec(&dims, vec![1.0f32; numel]).unwrap());
+            ws.run_operator_once(&op).unwrap();
+            let n = ws.fetch("n").unwrap();
+            assert_eq!(n.dims(), &[] as &[usize]);
+            assert_eq!(n.as_slice::<i64>().unwrap(), &[want]);
+        }
+        ws.feed("s", Tensor::from_vec(&[3], vec![1i32, 2, 3]).unwrap());
+        ws.run_operator_once(&OperatorDef::new("Size", ["s"], ["n"]))
+            .unwrap();
+        assert_eq!(ws.fetch("n").unwrap().as_slice::<i64>().unwrap(), &[3]);
     }
 
     #[test]

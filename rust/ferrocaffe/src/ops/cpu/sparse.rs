@@ -1,6 +1,6 @@
 //! Sparse and segment ops: Gather, SparseLengths{Sum,Mean,WeightedSum}, Lengths{Sum,Mean,
 //! WeightedSum}, UnsortedSegmentSum, ScatterAssign, ScatterWeightedSum, SparseToDense, and the
-//! gradient ops the segment reductions emit.
+//! gradient ops the segment reductions emit (with the weights' gradient for `grad_on_weights`).
 //!
 //! Rows are the slices along the first dimension of DATA; indices may be int32 or int64.
 
@@ -91,6 +91,11 @@ pub fn register(r: &mut Registry) {
                 lengths_grad(c, Red::Weighted)
             })))
         },
+    );
+    // grad_on_weights: (WEIGHTS, dY, LENGTHS, DATA, INDICES) -> (DATA_grad_values, WEIGHTS_grad).
+    r.cpu(
+        "SparseLengthsIndicesInGradientWeightedSumWithMainInputGradient",
+        |_| Ok(Box::new(FnOp(weighted_grad_with_main_input))),
     );
     r.cpu("UnsortedSegmentSum", |i| {
         let num = i.args.int("num_segments", -1)?;
@@ -297,6 +302,79 @@ fn lengths_grad(ctx: &mut OpContext<'_>, red: Red) -> Result<()> {
             item += 1;
         }
     }
+    Ok(())
+}
+
+/// Gradient of SparseLengthsWeightedSum with `grad_on_weights`: item k of segment s gets the
+/// row `WEIGHTS[k] * dY[s]` and the weight gradient `<dY[s], DATA[INDICES[k]]>`.
+fn weighted_grad_with_main_input(ctx: &mut OpContext<'_>) -> Result<()> {
+    let (ins, mut outs) = ctx.split();
+    let w = ins.tensor(0)?.as_slice::<f32>()?;
+    let dy = ins.tensor(1)?;
+    let len_t = ins.tensor(2)?;
+    if len_t.ndim() != 1 {
+        return Err(rt(format!(
+            "LENGTHS must be a vector, got shape {:?}",
+            len_t.dims()
+        )));
+    }
+    let lens = lengths(len_t)?;
+    let data = ins.tensor(3)?;
+    let (n_rows, block) = rows(data)?;
+    let idx_t = ins.tensor(4)?;
+    let idx = indices(idx_t, n_rows)?;
+    if dy.ndim() == 0 {
+        return Err(rt("dY must have at least one dimension"));
+    }
+    let (n_seg, dy_block) = rows(dy)?;
+    if n_seg != lens.len() {
+        return Err(rt(format!(
+            "dY has {n_seg} rows for {} lengths",
+            lens.len()
+        )));
+    }
+    if dy_block != block {
+        return Err(rt(format!(
+            "dY rows have {dy_block} values, DATA rows {block}"
+        )));
+    }
+    let total: usize = lens.iter().sum();
+    if total != idx.len() {
+        return Err(rt(format!(
+            "Your input seems to be incorrect: the sum of lengths values should be the size of the indices tensor, but it appears not. ({total} vs {})",
+            idx.len()
+        )));
+    }
+    if w.len() != total {
+        return Err(rt(format!(
+            "WEIGHTS has {} values, expected {total}",
+            w.len()
+        )));
+    }
+    let g = dy.as_slice::<f32>()?;
+    let src = data.as_slice::<f32>()?;
+    let mut od = vec![total];
+    od.extend_from_slice(&dy.dims()[1..]);
+    let w_dims = ins.tensor(0)?.dims().to_vec();
+    let mut w_grad = vec![0f32; total];
+    {
+        let out = outs.tensor(0)?.ensure::<f32>(&od);
+        let mut item = 0;
+        for (seg, &len) in lens.iter().enumerate() {
+            let gs = &g[seg * block..(seg + 1) * block];
+            for _ in 0..len {
+                let row = &src[idx[item] * block..(idx[item] + 1) * block];
+                for (o, v) in out[item * block..(item + 1) * block].iter_mut().zip(gs) {
+                    *o = w[item] * v;
+                }
+                w_grad[item] = gs.iter().zip(row).map(|(a, b)| a * b).sum();
+                item += 1;
+            }
+        }
+    }
+    outs.tensor(1)?
+        .ensure::<f32>(&w_dims)
+        .copy_from_slice(&w_grad);
     Ok(())
 }
 
