@@ -415,3 +415,91 @@ fn create_adam(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         Ok(())
     })))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::proto::{Argument, OperatorDef};
+    use crate::tensor::Tensor;
+    use crate::workspace::Workspace;
+
+    fn f32s(ws: &Workspace, name: &str) -> Vec<f32> {
+        ws.fetch(name).unwrap().as_slice::<f32>().unwrap().to_vec()
+    }
+
+    fn arg_i(name: &str, v: i64) -> Argument {
+        Argument {
+            name: Some(name.into()),
+            i: Some(v),
+            ..Default::default()
+        }
+    }
+
+    fn weighted_sum_ws() -> std::sync::Arc<Workspace> {
+        let ws = Workspace::new();
+        ws.feed("dY", Tensor::from_vec(&[2], vec![1.0f32, -2.0]).unwrap());
+        ws.feed("X0", Tensor::from_vec(&[2], vec![3.0f32, 4.0]).unwrap());
+        ws.feed("w0", Tensor::from_vec(&[1], vec![0.5f32]).unwrap());
+        ws.feed("X1", Tensor::from_vec(&[2], vec![-1.0f32, 1.0]).unwrap());
+        ws.feed("w1", Tensor::from_vec(&[1], vec![2.0f32]).unwrap());
+        ws
+    }
+
+    #[test]
+    fn weighted_sum_gradient_scales_dy() {
+        let ws = weighted_sum_ws();
+        let op = OperatorDef::new(
+            "WeightedSumGradient",
+            ["dY", "X0", "w0", "X1", "w1"],
+            ["dX0", "dX1"],
+        );
+        ws.run_operator_once(&op).unwrap();
+        assert_eq!(f32s(&ws, "dX0"), vec![0.5, -1.0]);
+        assert_eq!(f32s(&ws, "dX1"), vec![2.0, -4.0]);
+    }
+
+    #[test]
+    fn weighted_sum_gradient_on_weights() {
+        let ws = weighted_sum_ws();
+        let mut op = OperatorDef::new(
+            "WeightedSumGradient",
+            ["dY", "X0", "w0", "X1", "w1"],
+            ["dX0", "dX1", "dw0", "dw1"],
+        );
+        op.arg.push(arg_i("grad_on_w", 1));
+        ws.run_operator_once(&op).unwrap();
+        assert_eq!(f32s(&ws, "dX1"), vec![2.0, -4.0]);
+        // dw_i = <dY, X_i>: 3 - 8 and -1 - 2, each of shape [1].
+        assert_eq!(f32s(&ws, "dw0"), vec![-5.0]);
+        assert_eq!(f32s(&ws, "dw1"), vec![-3.0]);
+        assert_eq!(ws.fetch("dw0").unwrap().dims(), &[1]);
+        // Without grad_on_w four outputs are too many.
+        op.arg.clear();
+        let e = ws.run_operator_once(&op).unwrap_err().to_string();
+        assert!(e.contains("needs 2 outputs, got 4"), "{e}");
+    }
+
+    #[test]
+    fn adam_effective_gradient_output_excludes_the_learning_rate() {
+        let ws = Workspace::new();
+        ws.feed("p", Tensor::from_vec(&[1], vec![1.0f32]).unwrap());
+        ws.feed("m1", Tensor::from_vec(&[1], vec![0.0f32]).unwrap());
+        ws.feed("m2", Tensor::from_vec(&[1], vec![0.0f32]).unwrap());
+        ws.feed("g", Tensor::from_vec(&[1], vec![2.0f32]).unwrap());
+        ws.feed("lr", Tensor::from_vec(&[1], vec![-0.5f32]).unwrap());
+        ws.feed("it", Tensor::from_vec(&[1], vec![0i64]).unwrap());
+        let op = OperatorDef::new(
+            "Adam",
+            ["p", "m1", "m2", "g", "lr", "it"],
+            ["p", "m1", "m2", "eff"],
+        );
+        ws.run_operator_once(&op).unwrap();
+        // t = 1, default betas and epsilon 1e-5: m1 = 0.2, m2 = 0.004,
+        // correction = sqrt(0.001) / 0.1, eff = correction * 0.2 / (sqrt(0.004) + 1e-5).
+        let corr = 0.001f64.sqrt() / 0.1;
+        let eff = corr * 0.2 / (0.004f64.sqrt() + 1e-5);
+        let got = f32s(&ws, "eff")[0] as f64;
+        assert!((got - eff).abs() < 1e-6, "{got} vs {eff}");
+        let p = f32s(&ws, "p")[0] as f64;
+        assert!((p - (1.0 - 0.5 * eff)).abs() < 1e-6, "{p}");
+    }
+}

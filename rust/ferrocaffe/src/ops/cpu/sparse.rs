@@ -541,3 +541,65 @@ fn sparse_to_dense(ctx: &mut OpContext<'_>) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::proto::OperatorDef;
+    use crate::tensor::Tensor;
+    use crate::workspace::Workspace;
+
+    fn f32s(ws: &Workspace, name: &str) -> Vec<f32> {
+        ws.fetch(name).unwrap().as_slice::<f32>().unwrap().to_vec()
+    }
+
+    fn op() -> OperatorDef {
+        OperatorDef::new(
+            "SparseLengthsIndicesInGradientWeightedSumWithMainInputGradient",
+            ["W", "dY", "L", "D", "I"],
+            ["D_grad_values", "W_grad"],
+        )
+    }
+
+    fn feed(ws: &Workspace) {
+        // DATA rows [1, 2], [3, 4], [5, 6]; segments {I[0], I[1]} and {I[2]}.
+        ws.feed(
+            "D",
+            Tensor::from_vec(&[3, 2], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap(),
+        );
+        ws.feed("W", Tensor::from_vec(&[3], vec![2.0f32, -1.0, 0.5]).unwrap());
+        ws.feed("I", Tensor::from_vec(&[3], vec![2i32, 0, 2]).unwrap());
+        ws.feed("L", Tensor::from_vec(&[2], vec![2i32, 1]).unwrap());
+        ws.feed(
+            "dY",
+            Tensor::from_vec(&[2, 2], vec![1.0f32, 10.0, -1.0, 1.0]).unwrap(),
+        );
+    }
+
+    #[test]
+    fn weighted_sum_gradient_with_main_input() {
+        let ws = Workspace::new();
+        feed(&ws);
+        ws.run_operator_once(&op()).unwrap();
+        // Item k of segment s: W[k] * dY[s]; weight gradient <dY[s], D[I[k]]>.
+        assert_eq!(
+            f32s(&ws, "D_grad_values"),
+            vec![2.0, 20.0, -1.0, -10.0, -0.5, 0.5]
+        );
+        assert_eq!(ws.fetch("D_grad_values").unwrap().dims(), &[3, 2]);
+        assert_eq!(f32s(&ws, "W_grad"), vec![5.0 + 60.0, 1.0 + 20.0, -5.0 + 6.0]);
+        assert_eq!(ws.fetch("W_grad").unwrap().dims(), &[3]);
+    }
+
+    #[test]
+    fn weighted_sum_gradient_with_main_input_errors() {
+        let ws = Workspace::new();
+        feed(&ws);
+        ws.feed("L", Tensor::from_vec(&[2], vec![1i32, 1]).unwrap());
+        let e = ws.run_operator_once(&op()).unwrap_err().to_string();
+        assert!(e.contains("sum of lengths values"), "{e}");
+        feed(&ws);
+        ws.feed("I", Tensor::from_vec(&[3], vec![2i32, 0, 3]).unwrap());
+        let e = ws.run_operator_once(&op()).unwrap_err().to_string();
+        assert!(e.contains("id=3 axis_dim=3"), "{e}");
+    }
+}
