@@ -417,13 +417,30 @@ SPECS = {
                 ("X1", uniform((2, 3))),
                 ("w1", uniform((1,))),
             ],
-        )
+        ),
+        _c(
+            "WeightedSum",
+            [
+                ("X0", uniform((2, 3))),
+                ("w0", uniform((1,))),
+                ("X1", uniform((2, 3))),
+                ("w1", uniform((1,))),
+            ],
+            args={"grad_on_w": 1},
+            variant="grad_on_w",
+        ),
     ],
     "ElementwiseLinear": [
         _c(
             "ElementwiseLinear",
             [("X", uniform((3, 4))), ("a", uniform((4,))), ("b", uniform((4,)))],
-        )
+        ),
+        _c(
+            "ElementwiseLinear",
+            [("X", uniform((2, 2, 3))), ("a", uniform((3,))), ("b", uniform((3,)))],
+            args={"axis": -1},
+            variant="last_axis",
+        ),
     ],
     "Negative": _unary("Negative", uniform),
     "Abs": _unary("Abs", away_from_zero),
@@ -557,7 +574,21 @@ SPECS = {
             "SigmoidCrossEntropyWithLogits",
             [("logits", uniform((3, 4), -2, 2)), ("targets", uniform((3, 4), 0, 1))],
             check=[0],
-        )
+        ),
+        _c(
+            "SigmoidCrossEntropyWithLogits",
+            [("logits", uniform((3, 4), -2, 2)), ("targets", uniform((3, 4), 0, 1))],
+            args={"log_D_trick": 1},
+            check=[0],
+            variant="log_D_trick",
+        ),
+        _c(
+            "SigmoidCrossEntropyWithLogits",
+            [("logits", uniform((2, 2, 3), -2, 2)), ("targets", uniform((2, 2, 3), 0, 1))],
+            args={"unjoined_lr_loss": 1},
+            check=[0],
+            variant="unjoined_lr_loss",
+        ),
     ],
     "AveragedLoss": [_c("AveragedLoss", [("X", uniform((3, 4)))])],
     "SumElements": [
@@ -627,7 +658,13 @@ SPECS = {
         )
     ],
     "LRN": [
-        _c("LRN", [("X", uniform((2, 5, 2, 2)))], args={"size": 3, "alpha": 0.1, "beta": 0.75})
+        _c("LRN", [("X", uniform((2, 5, 2, 2)))], args={"size": 3, "alpha": 0.1, "beta": 0.75}),
+        _c(
+            "LRN",
+            [("X", uniform((2, 2, 2, 6)))],
+            args={"size": 5, "alpha": 0.5, "beta": 0.6, "bias": 2.0, "order": "NHWC"},
+            variant="nhwc_size5",
+        ),
     ],
     # -- convolution, pooling, resizing
     "Conv": _conv_cases(),

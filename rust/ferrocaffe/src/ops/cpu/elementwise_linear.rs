@@ -12,11 +12,15 @@ use crate::tensor::Tensor;
 pub fn register(r: &mut Registry) {
     r.cpu("ElementwiseLinear", |i| {
         let axis = i.args.int("axis", 1)?;
-        Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| forward(ctx, axis))))
+        Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+            forward(ctx, axis)
+        })))
     });
     r.cpu("ElementwiseLinearGradient", |i| {
         let axis = i.args.int("axis", 1)?;
-        Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| gradient(ctx, axis))))
+        Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+            gradient(ctx, axis)
+        })))
     });
 }
 
@@ -130,8 +134,14 @@ mod tests {
             "X",
             Tensor::from_vec(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap(),
         );
-        ws.feed("w", Tensor::from_vec(&[3], vec![2.0f32, 0.5, -1.0]).unwrap());
-        ws.feed("b", Tensor::from_vec(&[3], vec![0.0f32, 1.0, 10.0]).unwrap());
+        ws.feed(
+            "w",
+            Tensor::from_vec(&[3], vec![2.0f32, 0.5, -1.0]).unwrap(),
+        );
+        ws.feed(
+            "b",
+            Tensor::from_vec(&[3], vec![0.0f32, 1.0, 10.0]).unwrap(),
+        );
         ws.run_operator_once(&OperatorDef::new(
             "ElementwiseLinear",
             ["X", "w", "b"],
@@ -160,7 +170,10 @@ mod tests {
         let e = ws.run_operator_once(&op).unwrap_err().to_string();
         assert!(e.contains("'w'") && e.contains("D = 4"), "{e}");
         let op = OperatorDef::new("ElementwiseLinear", ["X", "w", "b"], ["Y"]);
-        let e = ws.run_operator_once(&with_axis(op, 3)).unwrap_err().to_string();
+        let e = ws
+            .run_operator_once(&with_axis(op, 3))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("axis 3 out of range"), "{e}");
     }
 

@@ -685,7 +685,10 @@ mod tests {
     fn lrn_gradient_matches_hand_derivative() {
         for (order, dims) in [("NCHW", [1usize, 3, 1, 1]), ("NHWC", [1, 1, 1, 3])] {
             let ws = Workspace::new();
-            ws.feed("X", Tensor::from_vec(&dims, vec![1.0f32, 2.0, 0.0]).unwrap());
+            ws.feed(
+                "X",
+                Tensor::from_vec(&dims, vec![1.0f32, 2.0, 0.0]).unwrap(),
+            );
             ws.run_operator_once(&lrn_op("LRN", &["X"], &["Y", "S"], order))
                 .unwrap();
             let y = ws.fetch("Y").unwrap();
@@ -706,8 +709,14 @@ mod tests {
     #[test]
     fn lrn_gradient_checks_shapes() {
         let ws = Workspace::new();
-        ws.feed("X", Tensor::from_vec(&[1, 3, 1, 1], vec![1.0f32; 3]).unwrap());
-        ws.feed("dY", Tensor::from_vec(&[1, 2, 1, 1], vec![1.0f32; 2]).unwrap());
+        ws.feed(
+            "X",
+            Tensor::from_vec(&[1, 3, 1, 1], vec![1.0f32; 3]).unwrap(),
+        );
+        ws.feed(
+            "dY",
+            Tensor::from_vec(&[1, 2, 1, 1], vec![1.0f32; 2]).unwrap(),
+        );
         let g = lrn_op("LRNGradient", &["X", "X", "dY"], &["dX"], "NCHW");
         let e = ws.run_operator_once(&g).unwrap_err().to_string();
         assert!(e.contains("'dY'"), "{e}");

@@ -60,9 +60,9 @@ fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
     let unjoined = init.args.bool("unjoined_lr_loss", false)?;
     // Only the forward op refuses both; its gradient lets `unjoined_lr_loss` win.
     if log_d && unjoined && !gradient {
-        return Err(init.err(
-            "log_D_trick_ and unjoined_lr_loss_ cannot be set as True simultaneously",
-        ));
+        return Err(
+            init.err("log_D_trick_ and unjoined_lr_loss_ cannot be set as True simultaneously")
+        );
     }
     let kind = if unjoined {
         Kind::Unjoined
@@ -236,16 +236,16 @@ mod tests {
         close(&y, &[-(ls(0.7) - ls(-1.2)) / 2.0]);
         close(
             &dx,
-            &[-(1.0 / (1.0 + 0.7f64.exp())) / 2.0, (1.0 / (1.0 + (-1.2f64).exp())) / 2.0],
+            &[
+                -(1.0 / (1.0 + 0.7f64.exp())) / 2.0,
+                (1.0 / (1.0 + (-1.2f64).exp())) / 2.0,
+            ],
         );
         let (y, dx) = run(&["unjoined_lr_loss"], &x, &t, &[2]);
         // t x - (1 - t) log(1 + e^x).
         let u = |x: f64, t: f64| t * x - (1.0 - t) * (1.0 + x.exp()).ln();
         close(&y, &[-(u(0.7, 1.0) + u(-1.2, 0.0)) / 2.0]);
-        close(
-            &dx,
-            &[-(1.0) / 2.0, -(-sigmoid(-1.2)) / 2.0],
-        );
+        close(&dx, &[-(1.0) / 2.0, -(-sigmoid(-1.2)) / 2.0]);
     }
 
     #[test]

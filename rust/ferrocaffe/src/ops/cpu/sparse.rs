@@ -566,7 +566,10 @@ mod tests {
             "D",
             Tensor::from_vec(&[3, 2], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap(),
         );
-        ws.feed("W", Tensor::from_vec(&[3], vec![2.0f32, -1.0, 0.5]).unwrap());
+        ws.feed(
+            "W",
+            Tensor::from_vec(&[3], vec![2.0f32, -1.0, 0.5]).unwrap(),
+        );
         ws.feed("I", Tensor::from_vec(&[3], vec![2i32, 0, 2]).unwrap());
         ws.feed("L", Tensor::from_vec(&[2], vec![2i32, 1]).unwrap());
         ws.feed(
@@ -586,7 +589,10 @@ mod tests {
             vec![2.0, 20.0, -1.0, -10.0, -0.5, 0.5]
         );
         assert_eq!(ws.fetch("D_grad_values").unwrap().dims(), &[3, 2]);
-        assert_eq!(f32s(&ws, "W_grad"), vec![5.0 + 60.0, 1.0 + 20.0, -5.0 + 6.0]);
+        assert_eq!(
+            f32s(&ws, "W_grad"),
+            vec![5.0 + 60.0, 1.0 + 20.0, -5.0 + 6.0]
+        );
         assert_eq!(ws.fetch("W_grad").unwrap().dims(), &[3]);
     }
 

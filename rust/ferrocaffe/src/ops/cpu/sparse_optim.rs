@@ -290,7 +290,10 @@ mod tests {
     fn close(a: &[f32], b: &[f64]) {
         assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
         for (x, y) in a.iter().zip(b) {
-            assert!((*x as f64 - y).abs() < 1e-6 * (1.0 + y.abs()), "{a:?} vs {b:?}");
+            assert!(
+                (*x as f64 - y).abs() < 1e-6 * (1.0 + y.abs()),
+                "{a:?} vs {b:?}"
+            );
         }
     }
 
@@ -384,14 +387,20 @@ mod tests {
             .run_operator_once(&momentum_op(false))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("index 3 of 'idx'") && e.contains("'param'"), "{e}");
+        assert!(
+            e.contains("index 3 of 'idx'") && e.contains("'param'"),
+            "{e}"
+        );
         let ws = momentum_ws();
         ws.feed("g", Tensor::from_vec(&[2, 3], vec![0.0f32; 6]).unwrap());
         let e = ws
             .run_operator_once(&momentum_op(false))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("'g' [2, 3]") && e.contains("'param' [3, 2]"), "{e}");
+        assert!(
+            e.contains("'g' [2, 3]") && e.contains("'param' [3, 2]"),
+            "{e}"
+        );
     }
 
     fn adam_ws(block: usize) -> std::sync::Arc<Workspace> {
@@ -401,8 +410,14 @@ mod tests {
             "p",
             Tensor::from_vec(&[3, block], (0..n).map(|v| v as f32).collect()).unwrap(),
         );
-        ws.feed("m1", Tensor::from_vec(&[3, block], vec![0.1f32; n]).unwrap());
-        ws.feed("m2", Tensor::from_vec(&[3, block], vec![0.04f32; n]).unwrap());
+        ws.feed(
+            "m1",
+            Tensor::from_vec(&[3, block], vec![0.1f32; n]).unwrap(),
+        );
+        ws.feed(
+            "m2",
+            Tensor::from_vec(&[3, block], vec![0.04f32; n]).unwrap(),
+        );
         ws.feed("idx", Tensor::from_vec(&[1], vec![1i32]).unwrap());
         ws.feed(
             "g",
@@ -464,7 +479,10 @@ mod tests {
         ws.run_operator_once(&adam_op(&["p", "m1", "m2", "eff"], true))
             .unwrap();
         close(&f32s(&ws, "eff"), &[0.4, 0.4]);
-        close(&f32s(&ws, "p"), &[0.0, 1.0, 2.0 - 0.004, 3.0 - 0.004, 4.0, 5.0]);
+        close(
+            &f32s(&ws, "p"),
+            &[0.0, 1.0, 2.0 - 0.004, 3.0 - 0.004, 4.0, 5.0],
+        );
         // Far along, rho_t >= 5 and the step is r_t times the Adam step.
         let s = AdamStep::new(0.9, 0.999, 1e-8, true, 999);
         let t = 1000.0f64;
