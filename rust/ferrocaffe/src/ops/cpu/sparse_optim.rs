@@ -120,7 +120,8 @@ struct AdamStep {
     correction: f64,
     /// 1 / (1 - beta1^t), the step while RAdam's variance is not tractable.
     beta1_correction: f64,
-    /// RAdam's rectification r_t, or None: `Some(None)` while rho_t < 5 (no second moment).
+    /// None without RAdam; with it `Some(None)` while rho_t < 5 (the step then ignores the
+    /// second moment) and `Some(Some(r_t))`, the rectification, afterwards.
     radam: Option<Option<f32>>,
 }
 
