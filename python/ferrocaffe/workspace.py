@@ -24,6 +24,7 @@ __all__ = [
     "CreateBlob",
     "CreateNet",
     "CurrentWorkspace",
+    "DeserializeBlob",
     "FeedBlob",
     "FetchBlob",
     "FetchBlobs",
@@ -39,6 +40,7 @@ __all__ = [
     "RunOperatorOnce",
     "RunOperatorsOnce",
     "RunPlan",
+    "SerializeBlob",
     "StringifyBlobName",
     "StringifyNetName",
     "StringifyProto",
@@ -230,6 +232,16 @@ def RemoveBlob(name):
 
 def Blobs():
     return _ws().blobs()
+
+
+def SerializeBlob(name):
+    """The serialized BlobProto of blob ``name`` (as one record, the way Save writes it)."""
+    return _ws().serialize_blob(StringifyBlobName(name))
+
+
+def DeserializeBlob(name, serialized_blob):
+    """Creates or replaces blob ``name`` from serialized BlobProto bytes."""
+    _ws().deserialize_blob(StringifyBlobName(name), bytes(serialized_blob))
 
 
 class _BlobsDict:

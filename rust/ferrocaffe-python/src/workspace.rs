@@ -193,6 +193,21 @@ impl PyWorkspace {
         snapshot_to_array(py, snap)
     }
 
+    /// The BlobProto bytes of a blob (Caffe2's SerializeBlob).
+    fn serialize_blob<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyBytes>> {
+        let ws = self.ws.clone();
+        let name = name.to_string();
+        let bytes = guarded(py, move || ws.serialize_blob(&name))?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// Creates or replaces a blob from BlobProto bytes (Caffe2's DeserializeBlob).
+    fn deserialize_blob(&self, py: Python<'_>, name: &str, data: Vec<u8>) -> PyResult<()> {
+        let ws = self.ws.clone();
+        let name = name.to_string();
+        guarded(py, move || ws.deserialize_blob(&name, &data))
+    }
+
     /// What blob `name` holds (`"Tensor"`, `"nothing"`, ...).
     fn blob_type(&self, name: &str) -> PyResult<String> {
         let h = self.ws.blob(name).py()?;

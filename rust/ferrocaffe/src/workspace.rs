@@ -351,6 +351,21 @@ impl Workspace {
         }
     }
 
+    /// The BlobProto bytes of blob `name` (one record covering the whole blob).
+    pub fn serialize_blob(&self, name: &str) -> Result<Vec<u8>> {
+        let h = self.blob(name)?;
+        let b = h.read();
+        crate::serialize::serialize_whole(&b, name)
+    }
+
+    /// Creates or replaces blob `name` from BlobProto bytes.
+    pub fn deserialize_blob(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        let mut fresh = Blob::Empty;
+        crate::serialize::deserialize_whole(&mut fresh, bytes)?;
+        *self.create_blob(name).write() = fresh;
+        Ok(())
+    }
+
     /// Forgets every blob and net.
     pub fn reset(&self) {
         self.nets.lock().clear();

@@ -1,5 +1,5 @@
-//! Parameterised elementwise ops and their gradients: LeakyRelu, Clip, Pow (exponent argument
-//! or a second, broadcast input), SumReduceLike, and SoftsignGradient.
+//! Parameterised elementwise ops and their gradients: LeakyRelu, Clip, PRelu, Pow (exponent
+//! argument or a second, broadcast input), SumReduceLike, and SoftsignGradient.
 
 use super::broadcast::{for_each_index, legacy_sizes};
 use super::elementwise::{binary, input_meta, unary};
@@ -37,6 +37,18 @@ pub fn register(r: &mut Registry) {
         })
     });
     r.cpu("Pow", create_pow);
+    r.cpu("PRelu", |i| {
+        let nhwc = i.args.string("order", "NCHW")? == "NHWC";
+        Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+            prelu(ctx, nhwc, false)
+        })))
+    });
+    r.cpu("PReluGradient", |i| {
+        let nhwc = i.args.string("order", "NCHW")? == "NHWC";
+        Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+            prelu(ctx, nhwc, true)
+        })))
+    });
     r.cpu("SumReduceLike", create_sum_reduce_like);
 }
 
@@ -117,4 +129,77 @@ fn create_sum_reduce_like(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         outs.tensor(0)?.ensure::<f32>(&b_dims).copy_from_slice(&acc);
         Ok(())
     })))
+}
+
+/// Channel of flat index `k` for PRelu's per-channel slopes.
+fn channel_of(k: usize, dims: &[usize], nhwc: bool) -> usize {
+    if dims.len() < 2 {
+        return 0;
+    }
+    if nhwc {
+        k % dims[dims.len() - 1]
+    } else {
+        let inner: usize = dims[2..].iter().product();
+        (k / inner.max(1)) % dims[1]
+    }
+}
+
+/// PRelu (X, slope) -> Y; gradient (Y, dY, X, slope) -> (dX, dslope).
+fn prelu(ctx: &mut OpContext<'_>, nhwc: bool, gradient: bool) -> Result<()> {
+    let xi = if gradient { 2 } else { 0 };
+    let dims = ctx.input(xi)?.dims().to_vec();
+    let slope = ctx.input(xi + 1)?.as_slice::<f32>()?.to_vec();
+    let channels = if dims.len() < 2 {
+        1
+    } else if nhwc {
+        dims[dims.len() - 1]
+    } else {
+        dims[1]
+    };
+    let shared = slope.len() == 1;
+    if !shared && slope.len() != channels {
+        return Err(ctx.err(format!(
+            "slope has {} values, expected 1 or C = {channels}",
+            slope.len()
+        )));
+    }
+    let x = ctx.input(xi)?.as_slice::<f32>()?.to_vec();
+    let w = |k: usize| {
+        if shared {
+            slope[0]
+        } else {
+            slope[channel_of(k, &dims, nhwc)]
+        }
+    };
+    if !gradient {
+        let y = ctx.output(0)?.ensure::<f32>(&dims);
+        for (k, (o, &v)) in y.iter_mut().zip(&x).enumerate() {
+            *o = if v > 0.0 { v } else { v * w(k) };
+        }
+        return Ok(());
+    }
+    let g = ctx.input(1)?.as_slice::<f32>()?.to_vec();
+    if g.len() != x.len() {
+        return Err(ctx.err("dY must have the shape of X"));
+    }
+    let mut ds = vec![0f32; slope.len()];
+    {
+        let dx = ctx.output(0)?.ensure::<f32>(&dims);
+        for k in 0..x.len() {
+            if x[k] > 0.0 {
+                dx[k] = g[k];
+            } else {
+                dx[k] = g[k] * w(k);
+                let c = if shared {
+                    0
+                } else {
+                    channel_of(k, &dims, nhwc)
+                };
+                ds[c] += g[k] * x[k];
+            }
+        }
+    }
+    let sd = ctx.input(3)?.dims().to_vec();
+    ctx.output(1)?.ensure::<f32>(&sd).copy_from_slice(&ds);
+    Ok(())
 }

@@ -23,17 +23,17 @@ fn rt(msg: impl std::fmt::Display) -> Error {
 
 /// Sizes of one convolution.
 #[derive(Clone, Copy, Debug)]
-struct Dims {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    m: usize,
-    kh: usize,
-    kw: usize,
-    oh: usize,
-    ow: usize,
-    group: usize,
+pub(crate) struct Dims {
+    pub(crate) n: usize,
+    pub(crate) c: usize,
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) m: usize,
+    pub(crate) kh: usize,
+    pub(crate) kw: usize,
+    pub(crate) oh: usize,
+    pub(crate) ow: usize,
+    pub(crate) group: usize,
 }
 
 impl Dims {
@@ -103,123 +103,12 @@ impl Conv {
         })
     }
 
-    /// Column matrix of image `img`, group `gi`: NCHW `[kdim, oh*ow]`, NHWC `[oh*ow, kdim]`.
     fn im2col(&self, d: &Dims, x: &[f32], img: usize, gi: usize, col: &mut [f32]) {
-        let g = &self.g;
-        let (sh, sw) = (g.stride[0], g.stride[1]);
-        let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
-        let (dh, dw) = (g.dilation[0], g.dilation[1]);
-        let cg = d.cg();
-        match g.order {
-            Order::Nchw => {
-                let base = (img * d.c + gi * cg) * d.h * d.w;
-                let so = d.spatial_out();
-                for c in 0..cg {
-                    for ki in 0..d.kh {
-                        for kj in 0..d.kw {
-                            let row = ((c * d.kh + ki) * d.kw + kj) * so;
-                            for oy in 0..d.oh {
-                                let iy = (oy * sh + ki * dh) as isize - pt;
-                                let dst = &mut col[row + oy * d.ow..row + (oy + 1) * d.ow];
-                                if iy < 0 || iy >= d.h as isize {
-                                    dst.fill(0.0);
-                                    continue;
-                                }
-                                let src = base + (c * d.h + iy as usize) * d.w;
-                                for (ox, o) in dst.iter_mut().enumerate() {
-                                    let ix = (ox * sw + kj * dw) as isize - pl;
-                                    *o = if ix < 0 || ix >= d.w as isize {
-                                        0.0
-                                    } else {
-                                        x[src + ix as usize]
-                                    };
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            Order::Nhwc => {
-                let kd = d.kdim();
-                for oy in 0..d.oh {
-                    for ox in 0..d.ow {
-                        let p = oy * d.ow + ox;
-                        for ki in 0..d.kh {
-                            let iy = (oy * sh + ki * dh) as isize - pt;
-                            for kj in 0..d.kw {
-                                let ix = (ox * sw + kj * dw) as isize - pl;
-                                let dst = &mut col[p * kd + (ki * d.kw + kj) * cg..][..cg];
-                                if iy < 0 || iy >= d.h as isize || ix < 0 || ix >= d.w as isize {
-                                    dst.fill(0.0);
-                                } else {
-                                    let src = ((img * d.h + iy as usize) * d.w + ix as usize) * d.c
-                                        + gi * cg;
-                                    dst.copy_from_slice(&x[src..src + cg]);
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        im2col(&self.g, d, x, img, gi, col)
     }
 
-    /// Adds the column matrix back into image `img`, group `gi` of `dx` (inverse of im2col).
     fn col2im(&self, d: &Dims, col: &[f32], img: usize, gi: usize, dx: &mut [f32]) {
-        let g = &self.g;
-        let (sh, sw) = (g.stride[0], g.stride[1]);
-        let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
-        let (dh, dw) = (g.dilation[0], g.dilation[1]);
-        let cg = d.cg();
-        match g.order {
-            Order::Nchw => {
-                let base = (img * d.c + gi * cg) * d.h * d.w;
-                let so = d.spatial_out();
-                for c in 0..cg {
-                    for ki in 0..d.kh {
-                        for kj in 0..d.kw {
-                            let row = ((c * d.kh + ki) * d.kw + kj) * so;
-                            for oy in 0..d.oh {
-                                let iy = (oy * sh + ki * dh) as isize - pt;
-                                if iy < 0 || iy >= d.h as isize {
-                                    continue;
-                                }
-                                for ox in 0..d.ow {
-                                    let ix = (ox * sw + kj * dw) as isize - pl;
-                                    if ix >= 0 && ix < d.w as isize {
-                                        dx[base + (c * d.h + iy as usize) * d.w + ix as usize] +=
-                                            col[row + oy * d.ow + ox];
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            Order::Nhwc => {
-                let kd = d.kdim();
-                for oy in 0..d.oh {
-                    for ox in 0..d.ow {
-                        let p = oy * d.ow + ox;
-                        for ki in 0..d.kh {
-                            let iy = (oy * sh + ki * dh) as isize - pt;
-                            for kj in 0..d.kw {
-                                let ix = (ox * sw + kj * dw) as isize - pl;
-                                if iy < 0 || iy >= d.h as isize || ix < 0 || ix >= d.w as isize {
-                                    continue;
-                                }
-                                let src = &col[p * kd + (ki * d.kw + kj) * cg..][..cg];
-                                let dst =
-                                    ((img * d.h + iy as usize) * d.w + ix as usize) * d.c + gi * cg;
-                                for (o, v) in dx[dst..dst + cg].iter_mut().zip(src) {
-                                    *o += v;
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        col2im(&self.g, d, col, img, gi, dx)
     }
 
     fn forward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
@@ -435,4 +324,121 @@ fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
         gradient,
         no_bias: init.args.bool("no_bias", false)?,
     }))
+}
+
+/// Column matrix of image `img`, group `gi`: NCHW `[kdim, oh*ow]`, NHWC `[oh*ow, kdim]`.
+pub(crate) fn im2col(g: &Geometry, d: &Dims, x: &[f32], img: usize, gi: usize, col: &mut [f32]) {
+    let (sh, sw) = (g.stride[0], g.stride[1]);
+    let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
+    let (dh, dw) = (g.dilation[0], g.dilation[1]);
+    let cg = d.cg();
+    match g.order {
+        Order::Nchw => {
+            let base = (img * d.c + gi * cg) * d.h * d.w;
+            let so = d.spatial_out();
+            for c in 0..cg {
+                for ki in 0..d.kh {
+                    for kj in 0..d.kw {
+                        let row = ((c * d.kh + ki) * d.kw + kj) * so;
+                        for oy in 0..d.oh {
+                            let iy = (oy * sh + ki * dh) as isize - pt;
+                            let dst = &mut col[row + oy * d.ow..row + (oy + 1) * d.ow];
+                            if iy < 0 || iy >= d.h as isize {
+                                dst.fill(0.0);
+                                continue;
+                            }
+                            let src = base + (c * d.h + iy as usize) * d.w;
+                            for (ox, o) in dst.iter_mut().enumerate() {
+                                let ix = (ox * sw + kj * dw) as isize - pl;
+                                *o = if ix < 0 || ix >= d.w as isize {
+                                    0.0
+                                } else {
+                                    x[src + ix as usize]
+                                };
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Order::Nhwc => {
+            let kd = d.kdim();
+            for oy in 0..d.oh {
+                for ox in 0..d.ow {
+                    let p = oy * d.ow + ox;
+                    for ki in 0..d.kh {
+                        let iy = (oy * sh + ki * dh) as isize - pt;
+                        for kj in 0..d.kw {
+                            let ix = (ox * sw + kj * dw) as isize - pl;
+                            let dst = &mut col[p * kd + (ki * d.kw + kj) * cg..][..cg];
+                            if iy < 0 || iy >= d.h as isize || ix < 0 || ix >= d.w as isize {
+                                dst.fill(0.0);
+                            } else {
+                                let src =
+                                    ((img * d.h + iy as usize) * d.w + ix as usize) * d.c + gi * cg;
+                                dst.copy_from_slice(&x[src..src + cg]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Adds the column matrix back into image `img`, group `gi` of `dx` (inverse of im2col).
+pub(crate) fn col2im(g: &Geometry, d: &Dims, col: &[f32], img: usize, gi: usize, dx: &mut [f32]) {
+    let (sh, sw) = (g.stride[0], g.stride[1]);
+    let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
+    let (dh, dw) = (g.dilation[0], g.dilation[1]);
+    let cg = d.cg();
+    match g.order {
+        Order::Nchw => {
+            let base = (img * d.c + gi * cg) * d.h * d.w;
+            let so = d.spatial_out();
+            for c in 0..cg {
+                for ki in 0..d.kh {
+                    for kj in 0..d.kw {
+                        let row = ((c * d.kh + ki) * d.kw + kj) * so;
+                        for oy in 0..d.oh {
+                            let iy = (oy * sh + ki * dh) as isize - pt;
+                            if iy < 0 || iy >= d.h as isize {
+                                continue;
+                            }
+                            for ox in 0..d.ow {
+                                let ix = (ox * sw + kj * dw) as isize - pl;
+                                if ix >= 0 && ix < d.w as isize {
+                                    dx[base + (c * d.h + iy as usize) * d.w + ix as usize] +=
+                                        col[row + oy * d.ow + ox];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Order::Nhwc => {
+            let kd = d.kdim();
+            for oy in 0..d.oh {
+                for ox in 0..d.ow {
+                    let p = oy * d.ow + ox;
+                    for ki in 0..d.kh {
+                        let iy = (oy * sh + ki * dh) as isize - pt;
+                        for kj in 0..d.kw {
+                            let ix = (ox * sw + kj * dw) as isize - pl;
+                            if iy < 0 || iy >= d.h as isize || ix < 0 || ix >= d.w as isize {
+                                continue;
+                            }
+                            let src = &col[p * kd + (ki * d.kw + kj) * cg..][..cg];
+                            let dst =
+                                ((img * d.h + iy as usize) * d.w + ix as usize) * d.c + gi * cg;
+                            for (o, v) in dx[dst..dst + cg].iter_mut().zip(src) {
+                                *o += v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

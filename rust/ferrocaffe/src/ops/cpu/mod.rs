@@ -69,11 +69,14 @@ pub mod cast;
 pub mod compare;
 pub mod conv;
 pub mod conv_args;
+pub mod conv_transpose;
 pub mod copy;
 pub mod counters;
+pub mod db;
 pub mod elementwise;
 pub mod fc;
 pub mod fill;
+pub mod load_save;
 pub mod math;
 pub mod math_grad;
 pub mod matmul;
@@ -83,7 +86,9 @@ pub mod norm;
 pub mod optim;
 pub mod pool;
 pub mod reduce;
+pub mod resize;
 pub mod rng;
+pub mod rnn_units;
 pub mod shape;
 pub mod sparse;
 
@@ -110,4 +115,8 @@ pub fn register_all(r: &mut Registry) {
     pool::register(r);
     norm::register(r);
     sparse::register(r);
+    conv_transpose::register(r);
+    resize::register(r);
+    rnn_units::register(r);
+    load_save::register(r);
 }

@@ -1,5 +1,6 @@
 //! Normalisation: SpatialBN (inference with `is_test`, and training with running statistics)
-//! and its gradient, LRN (cross-channel) — NCHW or NHWC.
+//! and its gradient, LRN (cross-channel), InstanceNorm, LayerNorm and its gradient — NCHW or
+//! NHWC where it applies.
 
 use crate::error::{Error, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
@@ -8,8 +9,23 @@ use crate::ops::registry::Registry;
 /// Registers the family.
 pub fn register(r: &mut Registry) {
     r.cpu("SpatialBN", |i| create_bn(i, false));
+    r.cpu("ChannelStats", |i| {
+        let nhwc = nhwc(i)?;
+        Ok(Box::new(crate::ops::operator::FnOp(
+            move |ctx: &mut OpContext<'_>| channel_stats(ctx, nhwc),
+        )))
+    });
+    r.cpu("ChannelBackpropStats", |i| {
+        let nhwc = nhwc(i)?;
+        Ok(Box::new(crate::ops::operator::FnOp(
+            move |ctx: &mut OpContext<'_>| channel_backprop_stats(ctx, nhwc),
+        )))
+    });
     r.cpu("SpatialBNGradient", |i| create_bn(i, true));
     r.cpu("LRN", create_lrn);
+    r.cpu("InstanceNorm", create_instance_norm);
+    r.cpu("LayerNorm", |i| create_layer_norm(i, false));
+    r.cpu("LayerNormGradient", |i| create_layer_norm(i, true));
 }
 
 fn rt(msg: impl std::fmt::Display) -> Error {
@@ -38,6 +54,7 @@ fn at(nhwc: bool, c: usize, inner: usize, img: usize, ch: usize, s: usize) -> us
 }
 
 struct SpatialBn {
+    num_batches: usize,
     eps: f32,
     momentum: f32,
     is_test: bool,
@@ -67,6 +84,23 @@ impl SpatialBn {
         let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
         let (mean, var) = if self.is_test {
             (channel_vec(ctx, 3, c)?, channel_vec(ctx, 4, c)?)
+        } else if self.num_batches > 1 {
+            // Sums over every batch (device) of the step, from ChannelStats.
+            if ctx.num_inputs() < 7 {
+                return Err(rt(
+                    "SpatialBN with num_batches > 1 needs the sums and sumsq inputs",
+                ));
+            }
+            let sums = channel_vec(ctx, 5, c)?;
+            let sumsq = channel_vec(ctx, 6, c)?;
+            let total = (self.num_batches * n * inner).max(1) as f32;
+            let mean: Vec<f32> = sums.iter().map(|v| v / total).collect();
+            let var = sumsq
+                .iter()
+                .zip(&mean)
+                .map(|(q, mu)| (q / total - mu * mu).max(0.0))
+                .collect();
+            (mean, var)
         } else {
             let mut mean = vec![0f64; c];
             let mut sq = vec![0f64; c];
@@ -112,9 +146,16 @@ impl SpatialBn {
             }
             let mut rm = channel_vec(ctx, 3, c)?;
             let mut rv = channel_vec(ctx, 4, c)?;
+            // The running variance is unbiased (reduce size / (reduce size - 1)).
+            let size = (self.num_batches * n * inner) as f32;
+            let unbias = if size > 1.0 {
+                size / (size - 1.0)
+            } else {
+                f32::INFINITY
+            };
             for ch in 0..c {
                 rm[ch] = rm[ch] * self.momentum + mean[ch] * (1.0 - self.momentum);
-                rv[ch] = rv[ch] * self.momentum + var[ch] * (1.0 - self.momentum);
+                rv[ch] = rv[ch] * self.momentum + var[ch] * unbias * (1.0 - self.momentum);
             }
             ctx.output(1)?.ensure::<f32>(&[c]).copy_from_slice(&rm);
             ctx.output(2)?.ensure::<f32>(&[c]).copy_from_slice(&rv);
@@ -136,18 +177,16 @@ impl SpatialBn {
         if g.len() != x.len() {
             return Err(rt("dY must have the shape of X"));
         }
-        let m = (n * inner) as f32;
-        let mut dscale = vec![0f32; c];
-        let mut dbias = vec![0f32; c];
-        for img in 0..n {
-            for ch in 0..c {
-                for s in 0..inner {
-                    let k = at(self.nhwc, c, inner, img, ch, s);
-                    dbias[ch] += g[k];
-                    dscale[ch] += g[k] * (x[k] - mean[ch]) * inv[ch];
-                }
+        let m = (self.num_batches * n * inner) as f32;
+        let (dscale, dbias) = if self.num_batches > 1 {
+            // Gradients of scale and bias summed over every batch (ChannelBackpropStats).
+            if ctx.num_inputs() < 7 {
+                return Err(rt("SpatialBNGradient with num_batches > 1 needs the scale and bias gradient inputs"));
             }
-        }
+            (channel_vec(ctx, 5, c)?, channel_vec(ctx, 6, c)?)
+        } else {
+            backprop_stats(&x, &g, &mean, &inv, n, c, inner, self.nhwc)
+        };
         {
             let dx = ctx.output(0)?.ensure::<f32>(&dims);
             for img in 0..n {
@@ -161,8 +200,13 @@ impl SpatialBn {
                 }
             }
         }
-        ctx.output(1)?.ensure::<f32>(&[c]).copy_from_slice(&dscale);
-        ctx.output(2)?.ensure::<f32>(&[c]).copy_from_slice(&dbias);
+        // With several batches, each one reports its share of the combined gradients (they are
+        // summed again across batches with the other parameter gradients).
+        let share = 1.0 / self.num_batches as f32;
+        let ds: Vec<f32> = dscale.iter().map(|v| v * share).collect();
+        let db: Vec<f32> = dbias.iter().map(|v| v * share).collect();
+        ctx.output(1)?.ensure::<f32>(&[c]).copy_from_slice(&ds);
+        ctx.output(2)?.ensure::<f32>(&[c]).copy_from_slice(&db);
         Ok(())
     }
 }
@@ -186,10 +230,9 @@ fn nhwc(init: &OpInit<'_>) -> Result<bool> {
 }
 
 fn create_bn(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
-    if init.args.int("num_batches", 1)? != 1 {
-        return Err(init.err("SpatialBN with num_batches != 1 is not supported"));
-    }
+    let num_batches = init.args.usize("num_batches", 1)?.max(1);
     Ok(Box::new(SpatialBn {
+        num_batches,
         eps: init.args.float("epsilon", 1e-5)?,
         momentum: init.args.float("momentum", 0.9)?,
         is_test: init.args.bool("is_test", false)?,
@@ -254,4 +297,277 @@ fn create_lrn(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         bias: init.args.float("bias", 1.0)?,
         nhwc: nhwc(init)?,
     }))
+}
+
+struct InstanceNorm {
+    eps: f32,
+    nhwc: bool,
+}
+
+impl Operator for InstanceNorm {
+    fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let dims = ctx.input(0)?.dims().to_vec();
+        let (n, c, inner) = layout(&dims, self.nhwc)?;
+        let scale = channel_vec(ctx, 1, c)?;
+        let bias = channel_vec(ctx, 2, c)?;
+        let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
+        let mut means = vec![0f32; n * c];
+        let mut invs = vec![0f32; n * c];
+        {
+            let y = ctx.output(0)?.ensure::<f32>(&dims);
+            for img in 0..n {
+                for ch in 0..c {
+                    let (mut s1, mut s2) = (0f64, 0f64);
+                    for s in 0..inner {
+                        let v = x[at(self.nhwc, c, inner, img, ch, s)] as f64;
+                        s1 += v;
+                        s2 += v * v;
+                    }
+                    let m = inner.max(1) as f64;
+                    let mean = (s1 / m) as f32;
+                    let var = ((s2 / m) as f32 - mean * mean).max(0.0);
+                    let inv = 1.0 / (var + self.eps).sqrt();
+                    means[img * c + ch] = mean;
+                    invs[img * c + ch] = inv;
+                    for s in 0..inner {
+                        let k = at(self.nhwc, c, inner, img, ch, s);
+                        y[k] = (x[k] - mean) * inv * scale[ch] + bias[ch];
+                    }
+                }
+            }
+        }
+        if ctx.num_outputs() > 1 {
+            ctx.output(1)?
+                .ensure::<f32>(&[n, c])
+                .copy_from_slice(&means);
+        }
+        if ctx.num_outputs() > 2 {
+            ctx.output(2)?.ensure::<f32>(&[n, c]).copy_from_slice(&invs);
+        }
+        Ok(())
+    }
+}
+
+fn create_instance_norm(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+    Ok(Box::new(InstanceNorm {
+        eps: init.args.float("epsilon", 1e-5)?,
+        nhwc: nhwc(init)?,
+    }))
+}
+
+struct LayerNorm {
+    axis: i64,
+    eps: f32,
+    affine: bool,
+    gradient: bool,
+}
+
+impl LayerNorm {
+    /// (rows, cols, stat dims) for X's dims.
+    fn split(&self, dims: &[usize]) -> Result<(usize, usize, Vec<usize>)> {
+        let nd = dims.len() as i64;
+        let a = if self.axis < 0 {
+            self.axis + nd
+        } else {
+            self.axis
+        };
+        if a < 0 || a > nd {
+            return Err(rt(format!("axis {} out of range for {dims:?}", self.axis)));
+        }
+        let a = a as usize;
+        let rows: usize = dims[..a].iter().product();
+        let cols: usize = dims[a..].iter().product();
+        let mut stat = dims[..a].to_vec();
+        stat.push(1);
+        Ok((rows, cols, stat))
+    }
+
+    fn affine_params(
+        &self,
+        ctx: &OpContext<'_>,
+        first: usize,
+        cols: usize,
+    ) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
+        if !self.affine {
+            return Ok(None);
+        }
+        let g = ctx.input(first)?.as_slice::<f32>()?.to_vec();
+        let b = if self.gradient {
+            vec![0.0; cols]
+        } else {
+            ctx.input(first + 1)?.as_slice::<f32>()?.to_vec()
+        };
+        if g.len() != cols || b.len() != cols {
+            return Err(rt(format!("gamma and beta must hold {cols} values")));
+        }
+        Ok(Some((g, b)))
+    }
+
+    fn forward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let dims = ctx.input(0)?.dims().to_vec();
+        let (rows, cols, stat) = self.split(&dims)?;
+        let aff = self.affine_params(ctx, 1, cols)?;
+        let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
+        let mut means = vec![0f32; rows];
+        let mut stds = vec![0f32; rows];
+        {
+            let y = ctx.output(0)?.ensure::<f32>(&dims);
+            for r in 0..rows {
+                let row = &x[r * cols..(r + 1) * cols];
+                let m = cols.max(1) as f32;
+                let mean = row.iter().sum::<f32>() / m;
+                let var = (row.iter().map(|v| v * v).sum::<f32>() / m - mean * mean).max(0.0);
+                let std = (var + self.eps).sqrt();
+                means[r] = mean;
+                stds[r] = std;
+                for (j, o) in y[r * cols..(r + 1) * cols].iter_mut().enumerate() {
+                    let v = (row[j] - mean) / std;
+                    *o = match &aff {
+                        Some((g, b)) => v * g[j] + b[j],
+                        None => v,
+                    };
+                }
+            }
+        }
+        if ctx.num_outputs() > 1 {
+            ctx.output(1)?.ensure::<f32>(&stat).copy_from_slice(&means);
+        }
+        if ctx.num_outputs() > 2 {
+            ctx.output(2)?.ensure::<f32>(&stat).copy_from_slice(&stds);
+        }
+        Ok(())
+    }
+
+    /// Inputs (dY, Y, mean, std, X[, gamma]); outputs (dX[, dgamma, dbeta]).
+    fn backward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let dims = ctx.input(4)?.dims().to_vec();
+        let (rows, cols, _) = self.split(&dims)?;
+        let aff = self.affine_params(ctx, 5, cols)?;
+        let g = ctx.input(0)?.as_slice::<f32>()?.to_vec();
+        let x = ctx.input(4)?.as_slice::<f32>()?.to_vec();
+        let mean = ctx.input(2)?.as_slice::<f32>()?.to_vec();
+        let std = ctx.input(3)?.as_slice::<f32>()?.to_vec();
+        if g.len() != x.len() || mean.len() != rows || std.len() != rows {
+            return Err(rt("LayerNormGradient: inputs disagree on shapes"));
+        }
+        let mut dx = vec![0f32; x.len()];
+        let mut dgamma = vec![0f32; cols];
+        let mut dbeta = vec![0f32; cols];
+        let m = cols.max(1) as f32;
+        for r in 0..rows {
+            let (mu, sd) = (mean[r], std[r]);
+            let mut s1 = 0.0;
+            let mut s2 = 0.0;
+            let mut dxhat = vec![0f32; cols];
+            for j in 0..cols {
+                let k = r * cols + j;
+                let xhat = (x[k] - mu) / sd;
+                dxhat[j] = match &aff {
+                    Some((gm, _)) => g[k] * gm[j],
+                    None => g[k],
+                };
+                dgamma[j] += g[k] * xhat;
+                dbeta[j] += g[k];
+                s1 += dxhat[j];
+                s2 += dxhat[j] * xhat;
+            }
+            for (j, &dh) in dxhat.iter().enumerate() {
+                let k = r * cols + j;
+                let xhat = (x[k] - mu) / sd;
+                dx[k] = (dh - s1 / m - xhat * s2 / m) / sd;
+            }
+        }
+        ctx.output(0)?.ensure::<f32>(&dims).copy_from_slice(&dx);
+        if aff.is_some() && ctx.num_outputs() > 2 {
+            let gdims = ctx.input(5)?.dims().to_vec();
+            ctx.output(1)?
+                .ensure::<f32>(&gdims)
+                .copy_from_slice(&dgamma);
+            ctx.output(2)?.ensure::<f32>(&gdims).copy_from_slice(&dbeta);
+        }
+        Ok(())
+    }
+}
+
+impl Operator for LayerNorm {
+    fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
+        if self.gradient {
+            self.backward(ctx)
+        } else {
+            self.forward(ctx)
+        }
+    }
+}
+
+fn create_layer_norm(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
+    Ok(Box::new(LayerNorm {
+        axis: init.args.int("axis", 1)?,
+        eps: init.args.float("epsilon", 1e-5)?,
+        affine: init.args.bool("elementwise_affine", false)?,
+        gradient,
+    }))
+}
+
+/// Per-channel `(sum(dY * (X - mean) * inv_std), sum(dY))`.
+#[allow(clippy::too_many_arguments)]
+fn backprop_stats(
+    x: &[f32],
+    g: &[f32],
+    mean: &[f32],
+    inv: &[f32],
+    n: usize,
+    c: usize,
+    inner: usize,
+    nhwc: bool,
+) -> (Vec<f32>, Vec<f32>) {
+    let mut dscale = vec![0f32; c];
+    let mut dbias = vec![0f32; c];
+    for img in 0..n {
+        for ch in 0..c {
+            for s in 0..inner {
+                let k = at(nhwc, c, inner, img, ch, s);
+                dbias[ch] += g[k];
+                dscale[ch] += g[k] * (x[k] - mean[ch]) * inv[ch];
+            }
+        }
+    }
+    (dscale, dbias)
+}
+
+/// ChannelStats: X -> (per-channel sum, per-channel sum of squares).
+fn channel_stats(ctx: &mut OpContext<'_>, nhwc: bool) -> Result<()> {
+    let dims = ctx.input(0)?.dims().to_vec();
+    let (n, c, inner) = layout(&dims, nhwc)?;
+    let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
+    let mut s1 = vec![0f32; c];
+    let mut s2 = vec![0f32; c];
+    for img in 0..n {
+        for ch in 0..c {
+            for s in 0..inner {
+                let v = x[at(nhwc, c, inner, img, ch, s)];
+                s1[ch] += v;
+                s2[ch] += v * v;
+            }
+        }
+    }
+    ctx.output(0)?.ensure::<f32>(&[c]).copy_from_slice(&s1);
+    ctx.output(1)?.ensure::<f32>(&[c]).copy_from_slice(&s2);
+    Ok(())
+}
+
+/// ChannelBackpropStats: (X, saved_mean, saved_inv_std, dY) -> (dscale, dbias).
+fn channel_backprop_stats(ctx: &mut OpContext<'_>, nhwc: bool) -> Result<()> {
+    let dims = ctx.input(0)?.dims().to_vec();
+    let (n, c, inner) = layout(&dims, nhwc)?;
+    let mean = channel_vec(ctx, 1, c)?;
+    let inv = channel_vec(ctx, 2, c)?;
+    let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
+    let g = ctx.input(3)?.as_slice::<f32>()?.to_vec();
+    if g.len() != x.len() {
+        return Err(rt("dY must have the shape of X"));
+    }
+    let (ds, db) = backprop_stats(&x, &g, &mean, &inv, n, c, inner, nhwc);
+    ctx.output(0)?.ensure::<f32>(&[c]).copy_from_slice(&ds);
+    ctx.output(1)?.ensure::<f32>(&[c]).copy_from_slice(&db);
+    Ok(())
 }
