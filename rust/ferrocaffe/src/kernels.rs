@@ -13,6 +13,7 @@ pub fn registry() -> &'static Registry {
         let mut r = Registry::new();
         crate::ops::cpu::register_all(&mut r);
         crate::net::control::register(&mut r);
+        crate::rnn::register(&mut r);
         r
     })
 }

@@ -21,6 +21,7 @@ pub mod net;
 pub mod ops;
 pub mod plan;
 pub mod proto;
+pub mod rnn;
 pub mod serialize;
 pub mod tensor;
 pub mod workspace;
