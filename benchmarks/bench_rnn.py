@@ -51,7 +51,9 @@ def set_executor(net_proto, enabled, threads):
     for op in net_proto.op:
         if not op.type.startswith("RecurrentNetwork"):
             continue
-        keep = [a for a in op.arg if a.name not in ("enable_rnn_executor", "rnn_executor.num_threads")]
+        keep = [
+            a for a in op.arg if a.name not in ("enable_rnn_executor", "rnn_executor.num_threads")
+        ]
         del op.arg[:]
         op.arg.extend(keep)
         op.arg.add(name="enable_rnn_executor", i=int(enabled))
@@ -144,17 +146,28 @@ def check_against_numpy(model, values, H):
     """The ferrocaffe run must match numpy (one layer)."""
     p = {name.split("/")[-1]: values[name] for name in params_of(model)}
     loss, grads = numpy_lstm(
-        values["input"], values["h0"][0], values["c0"][0],
-        p["i2h_w"], p["i2h_b"], p["gates_t_w"], p["gates_t_b"],
+        values["input"],
+        values["h0"][0],
+        values["c0"][0],
+        p["i2h_w"],
+        p["i2h_b"],
+        p["gates_t_w"],
+        p["gates_t_b"],
     )
     got = float(workspace.FetchBlob("loss"))
     # AveragedLoss sums in float32: allow its rounding over T*N*H values.
     assert abs(got - loss) <= 1e-3 * abs(loss), (got, loss)
-    pairs = {"lstm/i2h_w_grad": "wx", "lstm/i2h_b_grad": "bx", "lstm/gates_t_w_grad": "wh",
-             "lstm/gates_t_b_grad": "bh", "input_grad": "x"}
+    pairs = {
+        "lstm/i2h_w_grad": "wx",
+        "lstm/i2h_b_grad": "bx",
+        "lstm/gates_t_w_grad": "wh",
+        "lstm/gates_t_b_grad": "bh",
+        "input_grad": "x",
+    }
     for blob, key in pairs.items():
-        np.testing.assert_allclose(workspace.FetchBlob(blob), grads[key], rtol=2e-3, atol=1e-6,
-                                   err_msg=blob)
+        np.testing.assert_allclose(
+            workspace.FetchBlob(blob), grads[key], rtol=2e-3, atol=1e-6, err_msg=blob
+        )
 
 
 def time_net(model, feed_names, T, N, D, H, layers, enabled, threads, repeat, check=False):
@@ -181,16 +194,27 @@ def main(argv=None):
     print("LSTM T=%d N=%d D=%d H=%d, %d CPUs" % (T, N, D, H, os.cpu_count()))
 
     model, feeds, _ = build(T, N, D, H, 1)
-    ours, values = time_net(model, feeds, T, N, D, H, 1, True, args.threads, args.repeat, check=True)
+    ours, values = time_net(
+        model, feeds, T, N, D, H, 1, True, args.threads, args.repeat, check=True
+    )
     p = {name.split("/")[-1]: values[name] for name in params_of(model)}
     ref = median_time(
-        lambda: numpy_lstm(values["input"], values["h0"][0], values["c0"][0], p["i2h_w"],
-                           p["i2h_b"], p["gates_t_w"], p["gates_t_b"]),
+        lambda: numpy_lstm(
+            values["input"],
+            values["h0"][0],
+            values["c0"][0],
+            p["i2h_w"],
+            p["i2h_b"],
+            p["gates_t_w"],
+            p["gates_t_b"],
+        ),
         args.repeat,
     )
     ratio = ours / ref
-    print("forward+backward: ferrocaffe %.2f ms, numpy %.2f ms, ratio %.3f (target <= 0.5)"
-          % (ours * 1e3, ref * 1e3, ratio))
+    print(
+        "forward+backward: ferrocaffe %.2f ms, numpy %.2f ms, ratio %.3f (target <= 0.5)"
+        % (ours * 1e3, ref * 1e3, ratio)
+    )
 
     gains = {}
     for layers in (1, 2):
@@ -198,9 +222,10 @@ def main(argv=None):
         seq, _ = time_net(model, feeds, T, N, D, H, layers, False, 0, args.repeat)
         par, _ = time_net(model, feeds, T, N, D, H, layers, True, args.threads, args.repeat)
         gains[layers] = seq / par
-        print("executor gain, %d layer%s: step nets one by one %.2f ms, executor %.2f ms, "
-              "gain %.2fx" % (layers, "s" if layers > 1 else "", seq * 1e3, par * 1e3,
-                              gains[layers]))
+        print(
+            "executor gain, %d layer%s: step nets one by one %.2f ms, executor %.2f ms, "
+            "gain %.2fx" % (layers, "s" if layers > 1 else "", seq * 1e3, par * 1e3, gains[layers])
+        )
     return ratio, gains
 
 

@@ -26,8 +26,12 @@ def _configure(net_proto, enabled, threads=None, max_parallel=None, num_workspac
     for op in net_proto.op:
         if not op.type.startswith("RecurrentNetwork"):
             continue
-        drop = {"enable_rnn_executor", "rnn_executor.num_threads",
-                "rnn_executor.max_parallel_timesteps", "num_workspaces"}
+        drop = {
+            "enable_rnn_executor",
+            "rnn_executor.num_threads",
+            "rnn_executor.max_parallel_timesteps",
+            "num_workspaces",
+        }
         keep = [a for a in op.arg if a.name not in drop]
         del op.arg[:]
         op.arg.extend(keep)
@@ -46,8 +50,15 @@ def _lstm(layers, forward_only=False, memory_optimization=False):
     for i in range(layers):
         states += [f"h{i}", f"c{i}"]
     out = rnn_cell.LSTM(
-        model, "input", "seq_lengths", states, D, [H] * layers, scope="lstm",
-        forward_only=forward_only, memory_optimization=memory_optimization,
+        model,
+        "input",
+        "seq_lengths",
+        states,
+        D,
+        [H] * layers,
+        scope="lstm",
+        forward_only=forward_only,
+        memory_optimization=memory_optimization,
     )
     blobs = [str(b) for b in out]
     if not forward_only:
@@ -85,9 +96,7 @@ def _run(model, blobs, runs=1):
 def _assert_identical(expected, got, what):
     for b, v in expected.items():
         assert got[b].dtype == v.dtype and got[b].shape == v.shape, (what, b)
-        assert got[b].tobytes() == v.tobytes(), (
-            f"{what}: {b} differs by {np.abs(got[b] - v).max()}"
-        )
+        assert got[b].tobytes() == v.tobytes(), f"{what}: {b} differs by {np.abs(got[b] - v).max()}"
 
 
 def test_stress_500_runs_random_threads_and_bounds_bit_identical():
@@ -136,14 +145,18 @@ def test_forward_only_cycles_over_num_workspaces():
         # Not a tensor: the step workspaces (a non-tensor blob comes back described).
         assert "WorkspaceStack" in str(fetched) or not isinstance(fetched, np.ndarray)
         names = ["fetched_names"]
-        workspace.RunOperatorOnce(core.CreateOperator(
-            "RecurrentNetworkBlobFetcher", [op.output[-1]], names, prefix="f"))
+        workspace.RunOperatorOnce(
+            core.CreateOperator("RecurrentNetworkBlobFetcher", [op.output[-1]], names, prefix="f")
+        )
         got = {n.decode() if isinstance(n, bytes) else n for n in workspace.FetchBlob(names[0])}
         expected_ws = num_ws if num_ws is not None else (4 if enabled else 2)
         assert any(n.startswith("f_lstm/hidden_state") for n in got)
         # Fetched names end with the workspace index: exactly num_workspaces of them.
-        idx = {int(n[len("f_lstm/hidden_state"):]) for n in got
-               if n.startswith("f_lstm/hidden_state") and n[len("f_lstm/hidden_state"):].isdigit()}
+        idx = {
+            int(n[len("f_lstm/hidden_state") :])
+            for n in got
+            if n.startswith("f_lstm/hidden_state") and n[len("f_lstm/hidden_state") :].isdigit()
+        }
         assert idx == set(range(expected_ws)), (enabled, num_ws, idx)
 
 
@@ -174,10 +187,16 @@ def _gather_rnn(enabled, text_step_net=True):
     step.external_input.extend(["idx_t", "h_prev", "table"])
     step.external_output.append("h_t")
     args = dict(
-        alias_src=["states", "states"], alias_dst=["h_all", "h_last"], alias_offset=[1, -1],
-        recurrent_states=["states"], initial_recurrent_state_ids=[1],
-        link_internal=["h_prev", "h_t", "idx_t"], link_external=["states", "states", "idx"],
-        link_offset=[0, 1, 0], timestep="timestep", enable_rnn_executor=enabled,
+        alias_src=["states", "states"],
+        alias_dst=["h_all", "h_last"],
+        alias_offset=[1, -1],
+        recurrent_states=["states"],
+        initial_recurrent_state_ids=[1],
+        link_internal=["h_prev", "h_t", "idx_t"],
+        link_external=["states", "states", "idx"],
+        link_offset=[0, 1, 0],
+        timestep="timestep",
+        enable_rnn_executor=enabled,
         step_net=text_format.MessageToString(step) if text_step_net else step,
     )
     args["rnn_executor.num_threads"] = 4
@@ -230,21 +249,29 @@ def test_link_window_and_multi_row_initial_state():
     """h_{t+2} = h_t + h_{t+1}: the step sees a window of two state rows; the initial value
     has two rows (a 3-d initial state)."""
     step = caffe2_pb2.NetDef(name="fib")
-    step.op.add(type="Split", input=["win"], output=["a", "b"],
-                arg=[caffe2_pb2.Argument(name="axis", i=0)])
+    step.op.add(
+        type="Split", input=["win"], output=["a", "b"], arg=[caffe2_pb2.Argument(name="axis", i=0)]
+    )
     step.op.add(type="Add", input=["a", "b"], output=["h_t"])
     for enabled in (1, 0):
         op = core.CreateOperator(
-            "RecurrentNetwork", ["x", "h0"], ["h_all", "step_ws"],
-            alias_src=["states"], alias_dst=["h_all"], alias_offset=[2],
-            recurrent_states=["states"], initial_recurrent_state_ids=[1],
-            link_internal=["win", "h_t"], link_external=["states", "states"],
-            link_offset=[0, 2], link_window=[2, 1], timestep="timestep",
-            enable_rnn_executor=enabled, step_net=step,
+            "RecurrentNetwork",
+            ["x", "h0"],
+            ["h_all", "step_ws"],
+            alias_src=["states"],
+            alias_dst=["h_all"],
+            alias_offset=[2],
+            recurrent_states=["states"],
+            initial_recurrent_state_ids=[1],
+            link_internal=["win", "h_t"],
+            link_external=["states", "states"],
+            link_offset=[0, 2],
+            link_window=[2, 1],
+            timestep="timestep",
+            enable_rnn_executor=enabled,
+            step_net=step,
         )
         workspace.FeedBlob("x", np.zeros((6, 1, 1), np.float32))
         workspace.FeedBlob("h0", np.array([[[1.0]], [[1.0]]], np.float32))
         workspace.RunOperatorOnce(op)
-        np.testing.assert_array_equal(
-            workspace.FetchBlob("h_all").ravel(), [2, 3, 5, 8, 13, 21]
-        )
+        np.testing.assert_array_equal(workspace.FetchBlob("h_all").ravel(), [2, 3, 5, 8, 13, 21])

@@ -25,7 +25,14 @@ LSTM_MODELS = [n for n in _names("models") if ".lstm_lm" in n]
 
 def _replay(tmp_path, corpus, names):
     out = tmp_path / "report.json"
-    cmd = [sys.executable, str(RUNNER), str(GOLDEN / corpus), "ferrocaffe", "--json-report", str(out)]
+    cmd = [
+        sys.executable,
+        str(RUNNER),
+        str(GOLDEN / corpus),
+        "ferrocaffe",
+        "--json-report",
+        str(out),
+    ]
     for name in names:
         cmd += ["-k", name]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)

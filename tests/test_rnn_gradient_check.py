@@ -38,7 +38,12 @@ def _build(kind, layers):
         states += [f"h{i}"] + ([f"c{i}"] if kind == "lstm" else [])
     builder = rnn_cell.LSTM if kind == "lstm" else gru_cell.GRU
     outputs = builder(
-        model, "input", "seq_lengths", states, D, [H] * layers if layers > 1 else H,
+        model,
+        "input",
+        "seq_lengths",
+        states,
+        D,
+        [H] * layers if layers > 1 else H,
         scope=kind,
     )
     # loss = sum(hidden_all * R): gradients of order one, so the check is not vacuous.
@@ -73,7 +78,12 @@ def test_recurrent_network_gradients_match_central_differences(kind, layers, exe
     worst = 0.0
     for name in to_check:
         _, largest = NetGradientChecker.Check(
-            model.net, ["loss"], values, name, step_size=STEP, threshold=THRESHOLD,
+            model.net,
+            ["loss"],
+            values,
+            name,
+            step_size=STEP,
+            threshold=THRESHOLD,
             print_net=False,
         )
         worst = max(worst, largest)
@@ -123,8 +133,11 @@ def test_compare_nets_executor_on_and_off():
     _set_executor(on, 1)
     _set_executor(off, 0)
     NetGradientChecker.CompareNets(
-        [on, off], [["loss"]] * 2,
-        [0], ["input", "h0", "c1"] + [str(p) for p in model.params], input_values=values,
+        [on, off],
+        [["loss"]] * 2,
+        [0],
+        ["input", "h0", "c1"] + [str(p) for p in model.params],
+        input_values=values,
         threshold=0.0,
     )
 

@@ -34,9 +34,7 @@ def _dense(grad, like_blob):
     if isinstance(grad, core.GradientSlice):
         dense = "gradient_checker_dense_grad"
         workspace.RunOperatorOnce(
-            core.CreateOperator(
-                "SparseToDense", [grad.indices, grad.values, like_blob], [dense]
-            )
+            core.CreateOperator("SparseToDense", [grad.indices, grad.values, like_blob], [dense])
         )
         return workspace.FetchBlob(dense)
     return workspace.FetchBlob(str(grad))
@@ -93,12 +91,16 @@ class NetGradientChecker:
         for net, results, grads in runs[1:]:
             for (name0, v0), (name1, v1) in zip(first_results, results, strict=True):
                 _assert_close(
-                    v0, v1, threshold,
+                    v0,
+                    v1,
+                    threshold,
                     f"output {name0} of {first_net.Name()} differs from {name1} of {net.Name()}",
                 )
             for name in inputs_with_grads:
                 _assert_close(
-                    first_grads[name], grads[name], threshold,
+                    first_grads[name],
+                    grads[name],
+                    threshold,
                     f"gradient of {name} differs between {first_net.Name()} and {net.Name()}",
                 )
 
@@ -215,12 +217,22 @@ class GradientChecker:
             for k in range(x.size):
                 x.flat[k] += self._stepsize
                 pos, _ = self.GetLossAndGrad(
-                    op, grad_ops, inputs, op.input, input_to_check, grad_name,
+                    op,
+                    grad_ops,
+                    inputs,
+                    op.input,
+                    input_to_check,
+                    grad_name,
                     outputs_with_grads,
                 )
                 x.flat[k] -= 2 * self._stepsize
                 neg, _ = self.GetLossAndGrad(
-                    op, grad_ops, inputs, op.input, input_to_check, grad_name,
+                    op,
+                    grad_ops,
+                    inputs,
+                    op.input,
+                    input_to_check,
+                    grad_name,
                     outputs_with_grads,
                 )
                 x.flat[k] += self._stepsize
