@@ -42,6 +42,7 @@ pub struct RnnExecutor {
     graph: Option<((usize, bool), Graph)>,
     num_threads: usize,
     max_parallel: usize,
+    peak_span: usize,
 }
 
 /// The default number of worker threads: the machine's parallelism, at most 4.
@@ -67,7 +68,15 @@ impl RnnExecutor {
                 num_threads
             },
             max_parallel,
+            peak_span: 0,
         }
+    }
+
+    /// In the last run: the largest `s - f + 1` over tasks started, `s` being the task's step
+    /// and `f` the first unfinished step (at most the `max_parallel_timesteps` bound; 1 when
+    /// the steps ran one after another).
+    pub fn last_peak_span(&self) -> usize {
+        self.peak_span
     }
 
     /// The step net (with its link ops).
@@ -162,9 +171,12 @@ impl RnnExecutor {
             net: self.net.name(),
         };
         if self.num_threads <= 1 || graph.sequential || graph.num_tasks() <= 1 {
+            self.peak_span = usize::from(graph.num_tasks() > 0);
             (0..graph.num_tasks()).try_for_each(|k| run.task(k))
         } else {
-            run.parallel(self.num_threads, self.max_parallel)
+            let (r, peak) = run.parallel(self.num_threads, self.max_parallel);
+            self.peak_span = peak;
+            r
         }
     }
 }
@@ -215,6 +227,7 @@ struct Sched {
     frontier: usize,
     done: usize,
     running: usize,
+    peak_span: usize,
     failed: Option<Error>,
 }
 
@@ -234,7 +247,7 @@ impl Run<'_> {
         })
     }
 
-    fn parallel(&self, threads: usize, max_parallel: usize) -> Result<()> {
+    fn parallel(&self, threads: usize, max_parallel: usize) -> (Result<()>, usize) {
         let g = self.graph;
         let n = g.num_tasks();
         let per = g.ops_per_step.max(1);
@@ -251,6 +264,7 @@ impl Run<'_> {
             frontier: 0,
             done: 0,
             running: 0,
+            peak_span: 0,
             failed: None,
         };
         for k in 0..n {
@@ -271,6 +285,7 @@ impl Run<'_> {
                     continue;
                 };
                 st.running += 1;
+                st.peak_span = st.peak_span.max(k as usize / per - st.frontier + 1);
                 drop(st);
                 let r = self.task(k as usize);
                 st = state.lock();
@@ -293,10 +308,11 @@ impl Run<'_> {
             work();
         });
         let mut st = state.into_inner();
-        match st.failed.take() {
+        let r = match st.failed.take() {
             Some(e) => Err(e),
             None => Ok(()),
-        }
+        };
+        (r, st.peak_span)
     }
 }
 

@@ -39,13 +39,25 @@ struct RecurrentNetwork {
 }
 
 /// Reads the executor settings shared by the forward and the gradient op.
-pub fn executor_for(init: &OpInit<'_>, net: &NetDef, timestep: &str) -> Result<Option<RnnExecutor>> {
+pub fn executor_for(
+    init: &OpInit<'_>,
+    net: &NetDef,
+    timestep: &str,
+) -> Result<Option<RnnExecutor>> {
     if !init.args.bool("enable_rnn_executor", false)? {
         return Ok(None);
     }
     let threads = init.args.int("rnn_executor.num_threads", 0)?.max(0) as usize;
-    let max_par = init.args.int("rnn_executor.max_parallel_timesteps", -1)?.max(0) as usize;
-    Ok(Some(RnnExecutor::new(net.clone(), timestep, threads, max_par)))
+    let max_par = init
+        .args
+        .int("rnn_executor.max_parallel_timesteps", -1)?
+        .max(0) as usize;
+    Ok(Some(RnnExecutor::new(
+        net.clone(),
+        timestep,
+        threads,
+        max_par,
+    )))
 }
 
 /// Factory of `RecurrentNetwork`.
@@ -69,15 +81,25 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     if !step_net.external_input.contains(&timestep) {
         step_net.external_input.push(timestep.clone());
     }
-    config::add_apply_link_ops(&links, &timestep, init.def.device_option.as_ref(), &mut step_net);
+    config::add_apply_link_ops(
+        &links,
+        &timestep,
+        init.def.device_option.as_ref(),
+        &mut step_net,
+    );
     let executor = executor_for(init, &step_net, &timestep)?;
     let num_workspaces = init
         .args
         .int("num_workspaces", if executor.is_some() { 4 } else { 2 })?;
     if num_workspaces < 1 {
-        return Err(init.err(format!("num_workspaces must be positive, got {num_workspaces}")));
+        return Err(init.err(format!(
+            "num_workspaces must be positive, got {num_workspaces}"
+        )));
     }
-    let max_parallel = init.args.int("rnn_executor.max_parallel_timesteps", -1)?.max(0) as usize;
+    let max_parallel = init
+        .args
+        .int("rnn_executor.max_parallel_timesteps", -1)?
+        .max(0) as usize;
     Ok(Box::new(RecurrentNetwork {
         step_net,
         timestep,
@@ -143,11 +165,15 @@ pub fn apply_alias(ws: &Workspace, a: &Alias) -> Result<()> {
     let view = {
         let h = ws.blob(&a.src)?;
         let b = h.read();
-        let src = b.tensor().ok_or_else(|| {
-            Error::Runtime(format!("alias source {} holds no tensor", a.src))
-        })?;
+        let src = b
+            .tensor()
+            .ok_or_else(|| Error::Runtime(format!("alias source {} holds no tensor", a.src)))?;
         let rows = src.dims().first().copied().unwrap_or(0) as i64;
-        let start = if a.offset >= 0 { a.offset } else { rows + a.offset };
+        let start = if a.offset >= 0 {
+            a.offset
+        } else {
+            rows + a.offset
+        };
         let count = rows - start;
         let mut dims = src.dims().to_vec();
         if count >= 1 && start >= 0 {

@@ -97,7 +97,12 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let mut cell_grads = Vec::new();
     for (i, &id) in param_ids.iter().enumerate() {
         let input = index(init, "param", id + ng as i64, def.input.len())?;
-        let output = index(init, "param gradient output", (i + 1) as i64, def.output.len())?;
+        let output = index(
+            init,
+            "param gradient output",
+            (i + 1) as i64,
+            def.output.len(),
+        )?;
         let p = Param {
             param: def.input[input].clone(),
             grad: def.output[output].clone(),
@@ -131,7 +136,8 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
             let Some(idx) = grad_inputs.iter().rposition(|&g| g == j as i64) else {
                 continue;
             };
-            let external = def.input[index(init, "outputs_with_grads", idx as i64, def.input.len())?].clone();
+            let external =
+                def.input[index(init, "outputs_with_grads", idx as i64, def.input.len())?].clone();
             match alias_offset.get(j) {
                 Some(1) => {
                     let mut op = OperatorDef::new(
@@ -170,7 +176,14 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         .args
         .ints("initial_recurrent_state_ids")
         .into_iter()
-        .map(|id| index(init, "initial_recurrent_state_ids", id + ng as i64, def.input.len()))
+        .map(|id| {
+            index(
+                init,
+                "initial_recurrent_state_ids",
+                id + ng as i64,
+                def.input.len(),
+            )
+        })
         .collect::<Result<_>>()?;
     if recurrent_ids.len() != rgs.len() {
         return Err(init.err(format!(

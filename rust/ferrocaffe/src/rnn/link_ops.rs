@@ -16,9 +16,9 @@ use crate::workspace::Blob;
 /// The timestep value held by a timestep blob (int32 or int64, one value).
 pub fn timestep_value(t: &Tensor) -> Result<i64> {
     let v = t.to_i64_vec()?;
-    v.first().copied().ok_or_else(|| {
-        crate::Error::Runtime("the timestep blob holds no value".into())
-    })
+    v.first()
+        .copied()
+        .ok_or_else(|| crate::Error::Runtime("the timestep blob holds no value".into()))
 }
 
 /// Rows `start .. start + window` of `external` as a view, checking the bounds.
@@ -103,7 +103,10 @@ impl Operator for AccumulateInputGradient {
             ));
         }
         let from = &og.as_slice::<f32>()?[src..src + step];
-        for (d, s) in g.as_mut_slice::<f32>()?[dst..dst + step].iter_mut().zip(from) {
+        for (d, s) in g.as_mut_slice::<f32>()?[dst..dst + step]
+            .iter_mut()
+            .zip(from)
+        {
             *d += *s;
         }
         Ok(())

@@ -71,8 +71,8 @@ pub fn ensure_workspaces(
 
 /// Writes `t` (int32, shape `[1]`) into blob `name` of `ws` (created where `ws` creates it).
 pub fn set_timestep(ws: &Workspace, name: &str, t: usize) -> Result<()> {
-    let v = i32::try_from(t)
-        .map_err(|_| Error::Runtime(format!("timestep {t} does not fit int32")))?;
+    let v =
+        i32::try_from(t).map_err(|_| Error::Runtime(format!("timestep {t} does not fit int32")))?;
     let h = ws.create_blob(name);
     let mut b = h.write();
     match &mut *b {
