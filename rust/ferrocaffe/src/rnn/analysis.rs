@@ -30,6 +30,8 @@ use crate::workspace::BlobHandle;
 pub const APPLY_LINK: &str = "rnn_internal_apply_link";
 /// Type of the gradient accumulation op.
 pub const ACCUMULATE: &str = "rnn_internal_accumulate_gradient_input";
+/// Type of the parameter gradient accumulation op.
+pub const ACCUMULATE_PARAM: &str = "rnn_internal_accumulate_param_gradient";
 
 /// The task graph of one run.
 #[derive(Debug)]
@@ -46,6 +48,9 @@ pub struct Graph {
     pub preds: Vec<u32>,
     /// Whether the tasks must run one after another.
     pub sequential: bool,
+    /// Link tasks that depend on nothing (their step has a workspace of its own): the threaded
+    /// run does them first, in order, on the calling thread.
+    pub prologue: Vec<u32>,
 }
 
 impl Graph {
@@ -99,6 +104,7 @@ pub fn build(steps: &[(usize, &[Mutex<OpInstance>])]) -> Graph {
     let mut tracks: HashMap<Res, Track> = HashMap::new();
     let mut edges: Vec<Vec<u32>> = vec![Vec::new(); n];
     let mut preds = vec![0u32; n];
+    let mut is_link = vec![false; n];
     let mut acc: Vec<(Res, bool)> = Vec::new();
     let mut deps: Vec<u32> = Vec::new();
     for (s, (t, ops)) in steps.iter().enumerate() {
@@ -111,6 +117,7 @@ pub fn build(steps: &[(usize, &[Mutex<OpInstance>])]) -> Graph {
             let ty = op.def().r#type();
             let (ins, outs) = (op.inputs(), op.outputs());
             if ty == APPLY_LINK && ins.len() == 2 && outs.len() == 2 {
+                is_link[k as usize] = true;
                 let (off, win) = (int_arg(&op, "offset"), int_arg(&op, "window"));
                 links.insert(key(&outs[0]), (key(&ins[1]), t + off, win));
                 acc.push((Res::Blob(key(&ins[0])), false));
@@ -168,6 +175,10 @@ pub fn build(steps: &[(usize, &[Mutex<OpInstance>])]) -> Graph {
             }
         }
     }
+    let prologue = (0..n)
+        .filter(|&k| preds[k] == 0 && is_link[k])
+        .map(|k| k as u32)
+        .collect();
     let mut start = Vec::with_capacity(n + 1);
     let mut succ = Vec::new();
     start.push(0);
@@ -182,6 +193,7 @@ pub fn build(steps: &[(usize, &[Mutex<OpInstance>])]) -> Graph {
         start,
         preds,
         sequential,
+        prologue,
     }
 }
 

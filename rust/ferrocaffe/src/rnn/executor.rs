@@ -8,7 +8,10 @@
 //! tasks on `num_threads` threads (the calling one included) as their predecessors finish.
 //! At most `max_parallel_timesteps` consecutive steps are in flight: a task of step `s` starts
 //! only once every task of step `s - max_parallel_timesteps` is done. Ready tasks are taken
-//! earliest (in sequential order) first.
+//! earliest (in sequential order) first; a worker that finishes a task goes on with the next
+//! ready one and wakes the others only when more are ready, so chains of dependent tasks do not
+//! bounce between threads. Link ops that depend on nothing (every step has a workspace of its
+//! own) only make views: they run first, in order, on the calling thread.
 //!
 //! The first failing task stops the run: no new task starts, running ones finish, and the
 //! error names the op and the timestep. Instances and the graph are kept, so the op can run
@@ -267,10 +270,23 @@ impl Run<'_> {
             peak_span: 0,
             failed: None,
         };
-        for k in 0..n {
-            if sched.preds[k] == 0 {
+        let mut in_prologue = vec![false; n];
+        for &k in &g.prologue {
+            in_prologue[k as usize] = true;
+        }
+        for (k, &pro) in in_prologue.iter().enumerate() {
+            if sched.preds[k] == 0 && !pro {
                 release(&mut sched, k as u32, per, window);
             }
+        }
+        for &k in &g.prologue {
+            if let Err(e) = self.task(k as usize) {
+                return (Err(e), 1);
+            }
+            finish(&mut sched, g, k as usize, per, window);
+        }
+        if sched.done == n {
+            return (Ok(()), 1);
         }
         let state = Mutex::new(sched);
         let wake = Condvar::new();
@@ -298,7 +314,11 @@ impl Run<'_> {
                     break;
                 }
                 finish(&mut st, g, k as usize, per, window);
-                wake.notify_all();
+                // This worker takes the next ready task itself; others are woken only for
+                // the rest (a chain of dependent tasks then stays on one thread).
+                if st.done == n || st.ready.len() > 1 {
+                    wake.notify_all();
+                }
             }
         };
         std::thread::scope(|scope| {

@@ -12,8 +12,9 @@
 //! backward step net gets, in this order: the link ops (forward links and `backward_link_*`),
 //! an `rnn_internal_accumulate_gradient_input` for each state whose `1` alias output has a
 //! gradient (adding row t of that gradient to row t + 1 of the state gradient), its own ops
-//! with each parameter gradient renamed `<grad>_tmpstep`, and a `Sum` per parameter adding
-//! that into the parameter gradient. Afterwards each initial-state gradient is copied from the
+//! with each parameter gradient renamed `<grad>_tmpstep`, and per parameter an
+//! `rnn_internal_accumulate_param_gradient` adding that into the parameter gradient (Caffe2
+//! appends a `Sum`; the result is the same, element by element). Afterwards each initial-state gradient is copied from the
 //! first rows of its state gradient buffer.
 
 use std::sync::Arc;
@@ -208,7 +209,7 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     config::add_apply_link_ops(&links, &timestep, def.device_option.as_ref(), &mut step_net);
     for (p, cell) in params.iter().zip(&cell_grads) {
         step_net.op.push(OperatorDef::new(
-            "Sum",
+            super::analysis::ACCUMULATE_PARAM,
             [p.grad.as_str(), cell.as_str()],
             [p.grad.as_str()],
         ));

@@ -7,6 +7,9 @@
 //! * `rnn_internal_accumulate_gradient_input(timestep, og, g) -> g`, arg `offset`: adds row `t`
 //!   of `og` to row `t + offset` of `g` (the gradient arriving from outside the recurrent op for
 //!   the states it publishes, added to the state gradient flowing back through time).
+//! * `rnn_internal_accumulate_param_gradient(g, step_g) -> g`: `g += step_g` (same shape), the
+//!   per-step parameter gradient added into the total (Caffe2 appends a `Sum` for this; the
+//!   result is the same, element by element).
 
 use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
@@ -120,6 +123,36 @@ pub fn create_accumulate_input_gradient(init: &OpInit<'_>) -> Result<Box<dyn Ope
         return Err(init.err("Offset not set"));
     }
     Ok(Box::new(AccumulateInputGradient { offset }))
+}
+
+struct AccumulateParamGradient;
+
+impl Operator for AccumulateParamGradient {
+    fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
+        if !ctx.is_inplace(0, 0) || ctx.is_inplace(1, 0) {
+            return Err(ctx.err("expects (g, step_g) -> g with g in place"));
+        }
+        let (ins, mut outs) = ctx.split();
+        let step = ins.tensor(1)?;
+        let g = outs.tensor(0)?;
+        if g.dims() != step.dims() {
+            return Err(crate::Error::Runtime(format!(
+                "parameter gradient of shape {:?} cannot take a step gradient of shape {:?}",
+                g.dims(),
+                step.dims()
+            )));
+        }
+        let src = step.as_slice::<f32>()?;
+        for (d, s) in g.as_mut_slice::<f32>()?.iter_mut().zip(src) {
+            *d += *s;
+        }
+        Ok(())
+    }
+}
+
+/// Factory of `rnn_internal_accumulate_param_gradient`.
+pub fn create_accumulate_param_gradient(_: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+    Ok(Box::new(AccumulateParamGradient))
 }
 
 #[cfg(test)]

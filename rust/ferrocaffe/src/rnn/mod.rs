@@ -12,8 +12,8 @@
 //!   create these views, sharing storage with the buffer (no copies).
 //! * **Aliases** publish views of the state buffers as the op's outputs (`offset` 1: rows
 //!   1..; `-1`: the last row).
-//! * The gradient op zeroes the parameter gradients, adds a `Sum` per parameter to the backward
-//!   step net (`<param_grad>_tmpstep` into `<param_grad>`), an
+//! * The gradient op zeroes the parameter gradients, adds an accumulation per parameter to the
+//!   backward step net (`<param_grad>_tmpstep` into `<param_grad>`, as Caffe2's `Sum`), an
 //!   `rnn_internal_accumulate_gradient_input` per state whose `_all` output receives a
 //!   gradient, and copies the initial-state gradients out at the end. Its step blobs live in
 //!   child workspaces of the forward step workspaces, so the forward ones keep only what the
@@ -46,5 +46,9 @@ pub fn register(r: &mut Registry) {
     r.cpu(
         "rnn_internal_accumulate_gradient_input",
         link_ops::create_accumulate_input_gradient,
+    );
+    r.cpu(
+        analysis::ACCUMULATE_PARAM,
+        link_ops::create_accumulate_param_gradient,
     );
 }
