@@ -116,3 +116,12 @@ def test_python_dash_m_demo_help():
         "--corpus",
     ):
         assert option in proc.stdout
+
+
+def test_time_limit_stops_training_early():
+    out = io.StringIO()
+    cfg = char_rnn.Config(iterations=100_000, max_seconds=0.5, **SMALL)
+    result = char_rnn.run(cfg, out=out, err=io.StringIO())
+    assert 1 <= len(result.losses) < 100_000
+    assert result.seconds < 30
+    assert "time limit of 0.5 s" in out.getvalue()

@@ -207,6 +207,8 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=d.batch_size)
     parser.add_argument("--iterations", type=int, default=d.iterations)
     parser.add_argument("--learning-rate", type=float, default=d.learning_rate)
+    parser.add_argument("--max-seconds", type=float, default=d.max_seconds,
+                        help="stop training after this long (0: no limit)")
     parser.add_argument("--threads", type=int, default=d.threads,
                         help="RNN executor (and GEMM) threads; 0: automatic")
     parser.add_argument("--sample-length", type=int, default=d.sample_length,
@@ -224,6 +226,7 @@ def _demo(args: argparse.Namespace) -> int:
     config = Config(
         hidden_size=args.hidden_size, seq_length=args.seq_length, batch_size=args.batch_size,
         iterations=args.iterations, learning_rate=args.learning_rate, threads=args.threads,
+        max_seconds=args.max_seconds,
         sample_length=args.sample_length, temperature=args.temperature, seed=args.seed,
     )
     try:

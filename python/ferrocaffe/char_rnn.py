@@ -55,8 +55,9 @@ class Config:
     hidden_size: int = 128
     seq_length: int = 32
     batch_size: int = 32
-    iterations: int = 300
+    iterations: int = 2000
     learning_rate: float = 0.1
+    max_seconds: float = 75.0
     threads: int = 0
     sample_length: int = 300
     temperature: float = 0.7
@@ -126,8 +127,8 @@ class CharRNN:
         return out
 
     def train(self, progress=None) -> Result:
-        """Runs the configured iterations; ``progress(iteration, loss, chars_per_second)`` is
-        called after each."""
+        """Runs the configured iterations, or fewer when ``max_seconds`` (if positive) runs out;
+        ``progress(iteration, loss, chars_per_second)`` is called after each."""
         from ferrocaffe import workspace
 
         cfg = self.config
@@ -165,6 +166,8 @@ class CharRNN:
             result.chars_per_second = (it + 1) * T * N / max(elapsed, 1e-9)
             if progress is not None:
                 progress(it + 1, result.losses[-1], result.chars_per_second)
+            if cfg.max_seconds > 0 and elapsed > cfg.max_seconds:
+                break
         result.seconds = time.perf_counter() - start
         return result
 
@@ -230,7 +233,7 @@ def run(config: Config, corpus_path: str | None = None, out=None, err=None) -> R
     )
     tty = hasattr(err, "isatty") and err.isatty()
     smooth = [None]
-    marks = {max(1, round(config.iterations * k / 10)) for k in range(1, 11)}
+    marks = {max(1, round(config.iterations * k / 20)) for k in range(1, 21)}
 
     def progress(it, loss, cps):
         smooth[0] = loss if smooth[0] is None else 0.9 * smooth[0] + 0.1 * loss
@@ -246,6 +249,12 @@ def run(config: Config, corpus_path: str | None = None, out=None, err=None) -> R
     result = model.train(progress)
     if tty:
         err.write("\n")
+    if len(result.losses) < config.iterations:
+        print(
+            f"stopped after {len(result.losses)} iterations: the time limit of "
+            f"{config.max_seconds:g} s (--max-seconds) was reached",
+            file=out,
+        )
     first = float(np.mean(result.losses[: max(1, len(result.losses) // 10)]))
     last = float(np.mean(result.losses[-max(1, len(result.losses) // 10) :]))
     print(
