@@ -166,7 +166,7 @@ impl RnnExecutor {
         let Some((_, graph)) = &self.graph else {
             return Err(Error::Runtime("RNN executor: no task graph".into()));
         };
-        make_links_writable(&steps)?;
+        make_links_writable(&steps);
         let run = Run {
             graph,
             steps: &steps,
@@ -187,7 +187,7 @@ impl RnnExecutor {
 /// Gives every linked buffer a buffer of its own before tasks write views of it from several
 /// threads (a buffer shared copy-on-write would otherwise be copied by the first write while
 /// other views read it).
-fn make_links_writable(steps: &[&Step]) -> Result<()> {
+fn make_links_writable(steps: &[&Step]) {
     let mut seen: Vec<usize> = Vec::new();
     for s in steps.iter().take(1) {
         for op in &s.ops {
@@ -209,7 +209,6 @@ fn make_links_writable(steps: &[&Step]) -> Result<()> {
             }
         }
     }
-    Ok(())
 }
 
 struct Run<'a> {
@@ -229,7 +228,6 @@ struct Sched {
     /// First step with unfinished tasks.
     frontier: usize,
     done: usize,
-    running: usize,
     peak_span: usize,
     failed: Option<Error>,
 }
@@ -266,7 +264,6 @@ impl Run<'_> {
             parked: vec![Vec::new(); g.steps],
             frontier: 0,
             done: 0,
-            running: 0,
             peak_span: 0,
             failed: None,
         };
@@ -300,12 +297,10 @@ impl Run<'_> {
                     wake.wait(&mut st);
                     continue;
                 };
-                st.running += 1;
                 st.peak_span = st.peak_span.max(k as usize / per - st.frontier + 1);
                 drop(st);
                 let r = self.task(k as usize);
                 st = state.lock();
-                st.running -= 1;
                 if let Err(e) = r {
                     if st.failed.is_none() {
                         st.failed = Some(e);

@@ -175,11 +175,10 @@ pub fn apply_alias(ws: &Workspace, a: &Alias) -> Result<()> {
             rows + a.offset
         };
         let count = rows - start;
-        let mut dims = src.dims().to_vec();
         if count >= 1 && start >= 0 {
-            dims[0] = count as usize;
             super::link_ops::row_view(src, start, count)?
         } else if count == 0 {
+            let mut dims = src.dims().to_vec();
             dims[0] = 0;
             Tensor::new(src.dtype(), &dims)
         } else {
@@ -197,7 +196,16 @@ impl Operator for RecurrentNetwork {
     fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
         let ws: Arc<Workspace> = ctx.ws.clone();
         let (t_len, n) = {
-            let x = tensor_of(&ws, ctx.input_name(0))?;
+            let x = match &*ctx.input_handle(0).read() {
+                Blob::Tensor(t) => t.clone(),
+                other => {
+                    return Err(ctx.err(format!(
+                        "input {} holds {}, expected the input sequence",
+                        ctx.input_name(0),
+                        other.type_name()
+                    )))
+                }
+            };
             if x.ndim() < 2 {
                 return Err(ctx.err(format!(
                     "input {} must be T x N x ..., got shape {:?}",

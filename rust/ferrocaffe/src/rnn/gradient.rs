@@ -49,7 +49,7 @@ struct RecurrentNetworkGradient {
     num_grad_inputs: usize,
     seq_grad: String,
     executor: Option<RnnExecutor>,
-    /// Per timestep: (forward step workspace, backward workspace, its child).
+    /// Per timestep: (forward step workspace, the backward workspace made as its child).
     bwd: Vec<Option<(Arc<Workspace>, Arc<Workspace>)>>,
 }
 
