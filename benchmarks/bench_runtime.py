@@ -72,7 +72,9 @@ def bench_fc(sizes=(256, 512, 1024)):
         # Interleaved, lowest of many: the two are measured under the same machine load.
         t_fc, t_np = float("inf"), float("inf")
         for _ in range(15):
-            t_fc = min(t_fc, best_of(lambda number=number: workspace.RunNet("fc", number), 1) / number)
+            t_fc = min(
+                t_fc, best_of(lambda number=number: workspace.RunNet("fc", number), 1) / number
+            )
             t_np = min(t_np, best_of(lambda x=x, w=w, b=b: x @ w.T + b, 1, number=number))
         ratio = t_np / t_fc
         gflops = 2 * n**3 / t_fc / 1e9
@@ -104,8 +106,16 @@ def bench_dag(branches=None, depth=20, size=256):
     print(
         "dag: %d independent branches x %d ops on %dx%d: simple %.2f ms, dag %.2f ms, "
         "speedup %.2fx (cores: %s)"
-        % (branches, depth, size, size, results["simple"] * 1e3, results["dag"] * 1e3, speedup,
-           os.cpu_count())
+        % (
+            branches,
+            depth,
+            size,
+            size,
+            results["simple"] * 1e3,
+            results["dag"] * 1e3,
+            speedup,
+            os.cpu_count(),
+        )
     )
     return speedup
 

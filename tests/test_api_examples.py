@@ -20,7 +20,7 @@ GOLDEN = Path(os.environ.get("FERROCAFFE_GOLDEN", REPO.parent / "shared" / "gold
 CORPUS = GOLDEN / "api_examples.jsonl"
 RUNNER = GOLDEN / "tools" / "run_api_examples.py"
 
-# Groups whose modules exist. Not yet: `workspace` (the runtime).
+# Every group of the corpus.
 GROUPS = (
     "blobref",
     "scope",
@@ -31,6 +31,7 @@ GROUPS = (
     "plan",
     "clone_bind",
     "ssa",
+    "workspace",
 )
 
 # case name -> (reason, marker that the failure must mention). Empty: every case of GROUPS passes.

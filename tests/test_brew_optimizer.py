@@ -6,6 +6,7 @@ import json
 import logging
 import threading
 
+import numpy as np
 import pytest
 from golden_nets import GOLDEN, assert_nets_equal, load_cases, parse_net
 from model_zoo import BUILDERS, mlp_train
@@ -1018,3 +1019,115 @@ def test_skip_sparse_optim_and_param_info_optimizers():
     types = op_types(model.net)
     assert types.count("Adagrad") == 1 and types.count("WeightedSum") == 1
     assert "ScatterWeightedSum" not in types
+
+
+def test_parameter_info_cloned_init_net_and_deprecated_param_api(caplog):
+    model = model_helper.ModelHelper(name="pi")
+    brew.fc(model, "x", "fc", 3, 2)
+    info = model.get_param_info(model.params[0])
+    init_net, blob = info.cloned_init_net()
+    assert op_types(init_net) == ["XavierFill"] and str(blob) == "param_None_fc_w_init/fc_w"
+    assert info.cloned_init_net()[0] is init_net
+    assert info.grad_type() is None
+    info.grad = core.GradientSlice("i", "v")
+    assert info.grad_type() == "sparse"
+    extra = model.param_init_net.ConstantFill([], "extra", shape=[5, 2], value=1.0)
+    with caplog.at_level(logging.WARNING):
+        deprecated = model.add_param_DEPRECATED(extra)
+    assert "DEPRECATED" in caplog.text
+    assert (deprecated.param_id, deprecated.shape, deprecated.size) == (2, [5, 2], 10)
+    assert [i.name for i in model._param_info_deprecated] == ["fc_w", "fc_b", "extra"]
+    with pytest.raises(AssertionError, match="optimizer has already been set"):
+        info.optimizer = optimizer.SgdOptimizer(0.1)
+        info.optimizer = optimizer.SgdOptimizer(0.1)
+
+
+def test_run_all_on_gpu_and_external_initializer_names():
+    model = model_helper.ModelHelper(name="gpu")
+    brew.fc(model, "x", "fc", 3, 2)
+    model.RunAllOnGPU(gpu_id=1)
+    for net in (model.net, model.param_init_net):
+        option = net.Proto().device_option
+        assert (option.device_type, option.device_id) == (caffe2_pb2.CUDA, 1)
+    init_net = core.Net("ext")
+    with scope.NameScope("s"):
+        by_name = initializers.ExternalInitializer().create_param("w", init_net, [1])
+        by_ref = initializers.ExternalInitializer().create_param(
+            core.BlobReference("w"), init_net, [1]
+        )
+    assert (str(by_name.blob), str(by_ref.blob)) == ("s/w", "w")
+    assert by_name.blob.Net() is init_net and len(init_net.Proto().op) == 0
+    with pytest.raises(Exception, match="overwrites are not allowed"):
+        initializers.Initializer("XavierFill").update("MSRAFill", {})
+    lazy = initializers.Initializer()
+    lazy.update("MSRAFill", {"std": 1})
+    assert (lazy.operator_name, lazy.operator_kwargs) == ("MSRAFill", {"std": 1})
+
+
+# ------------------------------------------------------------ one training step, run
+def _one_step(build):
+    """Build a one-FC model with loss SumElements(FC(ones[3, 4])), run the init net and one
+    training step; returns (fc_w before, fc_w after, fc_b after). The gradients are 3 for
+    every weight and bias (three rows of ones)."""
+    from ferrocaffe import workspace
+
+    workspace.ResetWorkspace()
+    model = model_helper.ModelHelper(name="step")
+    x = brew.fc(model, "data", "fc", 4, 2)
+    model.AddGradientOperators([model.net.SumElements(x, "loss")])
+    build(model)
+    workspace.RunNetOnce(model.param_init_net)
+    workspace.FeedBlob("data", np.ones((3, 4), np.float32))
+    before = workspace.FetchBlob("fc_w").copy()
+    workspace.RunNetOnce(model.net)
+    return before, workspace.FetchBlob("fc_w"), workspace.FetchBlob("fc_b")
+
+
+@pytest.mark.parametrize(
+    "build, expected_step",
+    [
+        # w -= lr * g
+        (lambda m: optimizer.build_sgd(m, 0.1), 0.3),
+        # Nesterov momentum from zero: (1 + mu) * lr * g
+        (lambda m: optimizer.build_sgd(m, 0.1, momentum=0.9), 1.9 * 0.3),
+        # Adagrad: lr * g / (sqrt(g^2) + eps)
+        (lambda m: optimizer.build_adagrad(m, 0.1, epsilon=1e-4), 0.1 * 3 / (3 + 1e-4)),
+        # Adam at iteration 1 (t = 2): lr * sqrt(1 - b2^2) / (1 - b1^2) * m1 / sqrt(m2)
+        (
+            lambda m: optimizer.build_adam(m, 0.1),
+            0.1 * np.sqrt(1 - 0.999**2) / (1 - 0.9**2) * 0.3 / (np.sqrt(0.009) + 1e-8),
+        ),
+        # Clipping to norm 1: the global norm is sqrt(10 * 9)
+        (lambda m: optimizer.build_sgd(m, 0.1, max_gradient_norm=1.0), 0.3 / np.sqrt(90.0)),
+    ],
+)
+def test_one_training_step_moves_weights_as_caffe2(build, expected_step):
+    before, after, bias = _one_step(build)
+    np.testing.assert_allclose(before - after, expected_step, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(-bias, expected_step, rtol=1e-4, atol=1e-6)
+
+
+def test_lr_injection_scales_the_step():
+    def build(model):
+        optimizer.build_sgd(model, 0.1, allow_lr_injection=True)
+        from ferrocaffe import workspace
+
+        workspace.RunNetOnce(model.param_init_net)
+        assert optimizer.get_lr_injection().tolist() == [1.0]
+        optimizer.set_lr_injection(0.5)
+        assert optimizer.get_lr_injection().tolist() == [0.5]
+        # The init net below would reset the injection: drop its fill.
+        ops = [o for o in model.param_init_net.Proto().op if o.output[0] != "lr_injection"]
+        del model.param_init_net.Proto().op[:]
+        model.param_init_net.Proto().op.extend(ops)
+
+    before, after, _ = _one_step(build)
+    np.testing.assert_allclose(before - after, 0.15, rtol=1e-5)
+
+
+def test_weight_decay_adds_to_the_gradient():
+    before, after, bias = _one_step(
+        lambda m: (optimizer.add_weight_decay(m, 0.1), optimizer.build_sgd(m, 0.1))
+    )
+    np.testing.assert_allclose(before - after, 0.1 * (3 + 0.1 * before), rtol=1e-4)
+    np.testing.assert_allclose(-bias, 0.3, rtol=1e-5)  # biases are not decayed

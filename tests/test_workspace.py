@@ -384,3 +384,54 @@ def test_threads_running_the_same_net_are_serialised():
     for th in threads:
         th.join()
     assert workspace.FetchBlob("acc").tolist() == [1000.0]
+
+
+def test_blobs_queue_round_trip_and_close():
+    workspace.RunOperatorOnce(op("CreateBlobsQueue", [], ["q"], capacity=2, num_blobs=2))
+    assert b"BlobsQueue" in workspace.FetchBlob("q")
+    workspace.FeedBlob("a", np.arange(3, dtype=np.float32))
+    workspace.FeedBlob("b", np.array([7], dtype=np.int64))
+    workspace.RunOperatorOnce(op("EnqueueBlobs", ["q", "a", "b"], ["a", "b"]))
+    workspace.RunOperatorOnce(op("DequeueBlobs", ["q"], ["x", "y"]))
+    np.testing.assert_array_equal(workspace.FetchBlob("x"), [0, 1, 2])
+    assert workspace.FetchBlob("y").tolist() == [7]
+    workspace.RunOperatorOnce(op("CloseBlobsQueue", ["q"], []))
+    workspace.RunOperatorOnce(op("SafeDequeueBlobs", ["q"], ["x", "y", "status"]))
+    assert workspace.FetchBlob("status").tolist() is True
+    with pytest.raises(
+        RuntimeError, match="No known serializer for std::shared_ptr<caffe2::BlobsQueue>"
+    ):
+        workspace.SerializeBlob("q")
+
+
+def test_serialize_round_trip():
+    workspace.FeedBlob("t", np.arange(6, dtype=np.int16).reshape(2, 3))
+    data = workspace.SerializeBlob("t")
+    workspace.DeserializeBlob("u", data)
+    got = workspace.FetchBlob("u")
+    assert got.dtype == np.int16 and got.shape == (2, 3)
+    np.testing.assert_array_equal(got, np.arange(6).reshape(2, 3))
+    with pytest.raises(RuntimeError, match="Cannot parse content into a BlobProto"):
+        workspace.DeserializeBlob("v", b"\xff\xff")
+
+
+def test_run_operator_multiple_reset_blob_and_background_plans():
+    workspace.RunOperatorOnce(op("ConstantFill", [], ["it"], shape=[1], value=0, dtype=10))
+    assert workspace.RunOperatorMultiple(op("Iter", ["it"], ["it"]), 4)
+    assert workspace.FetchBlob("it").tolist() == [4]
+    assert "__run_operator_multiple__" not in workspace.Nets()
+    workspace.ResetBlob("it")
+    assert workspace.HasBlob("it") and isinstance(workspace.FetchBlob("it"), bytes)
+    workspace.FeedBlob("acc", np.zeros(1, np.float32))
+    workspace.FeedBlob("one", np.ones(1, np.float32))
+    plan = caffe2_pb2.PlanDef(name="p", network=[net("inc", [op("Add", ["acc", "one"], ["acc"])])])
+    plan.execution_step.add(name="loop", network=["inc"], num_iter=7)
+    run = workspace.RunPlanInBackground(plan)
+    assert run.wait(30) and run.is_done() and run.is_succeeded()
+    assert workspace.FetchBlob("acc").tolist() == [7.0]
+    bad = caffe2_pb2.PlanDef(name="bad")
+    bad.execution_step.add(name="s", network=["missing"])
+    run = workspace.RunPlanInBackground(bad)
+    assert run.wait(30) and not run.is_succeeded()
+    assert "uses undefined net missing" in str(run.error)
+    assert workspace.IsImmediate() is False

@@ -29,17 +29,21 @@ __all__ = [
     "FetchBlob",
     "FetchBlobs",
     "GlobalInit",
+    "IsImmediate",
     "HasBlob",
     "Nets",
     "RegisteredOperators",
     "RemoveBlob",
+    "ResetBlob",
     "ResetWorkspace",
     "RootFolder",
     "RunNet",
     "RunNetOnce",
+    "RunOperatorMultiple",
     "RunOperatorOnce",
     "RunOperatorsOnce",
     "RunPlan",
+    "RunPlanInBackground",
     "SerializeBlob",
     "StringifyBlobName",
     "StringifyNetName",
@@ -332,6 +336,80 @@ def RunPlan(plan_or_step):
         plan_or_step = core.Plan(plan_or_step)
     _ws().run_plan(StringifyProto(plan_or_step))
     return True
+
+
+def RunOperatorMultiple(operator, num_runs):
+    """Runs one instance of ``operator`` ``num_runs`` times."""
+    op = operator.Proto() if hasattr(operator, "Proto") else operator
+    net = caffe2_pb2.NetDef(name="__run_operator_multiple__", op=[op])
+    ws = _ws()
+    ws.create_net(StringifyProto(net), True)
+    try:
+        ws.run_net(net.name, int(num_runs))
+    finally:
+        ws.delete_net(net.name)
+    return True
+
+
+def ResetBlob(name):
+    """Empties blob ``name`` (it keeps existing, holding nothing)."""
+    op = caffe2_pb2.OperatorDef(
+        type="Free", input=[StringifyBlobName(name)], output=[StringifyBlobName(name)]
+    )
+    return RunOperatorOnce(op)
+
+
+class _PlanRun:
+    """A plan running on a background thread (``RunPlanInBackground``)."""
+
+    def __init__(self, plan):
+        import threading
+
+        self._error = None
+        self._done = threading.Event()
+        data = StringifyProto(plan)
+        ws = _ws()
+
+        def target():
+            try:
+                ws.run_plan(data)
+            except Exception as e:  # noqa: BLE001 - reported through is_succeeded()
+                self._error = e
+            finally:
+                self._done.set()
+
+        self._thread = threading.Thread(target=target, daemon=True)
+        self._thread.start()
+
+    def is_done(self):
+        return self._done.is_set()
+
+    def is_succeeded(self):
+        return self._done.is_set() and self._error is None
+
+    def wait(self, timeout=None):
+        return self._done.wait(timeout)
+
+    @property
+    def error(self):
+        return self._error
+
+
+def RunPlanInBackground(plan_or_step):
+    """Starts a plan on a background thread; returns an object with ``is_done()``,
+    ``is_succeeded()`` and ``wait()``."""
+    try:
+        from ferrocaffe import core
+    except ImportError:  # pragma: no cover
+        core = None
+    if core is not None and isinstance(plan_or_step, getattr(core, "ExecutionStep", ())):
+        plan_or_step = core.Plan(plan_or_step)
+    return _PlanRun(plan_or_step)
+
+
+def IsImmediate():
+    """Caffe2's immediate mode (running ops as they are created) is not provided."""
+    return False
 
 
 def RegisteredOperators():

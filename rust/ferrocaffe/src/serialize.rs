@@ -147,7 +147,8 @@ pub fn deserialize_tensor_chunk(blob: &mut Blob, p: &TensorProto, fresh: bool) -
 
 /// Replaces `blob` by the value of one complete BlobProto (workspace.DeserializeBlob).
 pub fn deserialize_whole(blob: &mut Blob, bytes: &[u8]) -> Result<()> {
-    let bp = BlobProto::decode(bytes).map_err(|_| rt("Cannot parse content into a BlobProto."))?;
+    let bp =
+        crate::wire::blob(bytes).ok_or_else(|| rt("Cannot parse content into a BlobProto."))?;
     match bp.r#type.as_deref().unwrap_or("") {
         "Tensor" => {
             let t = bp

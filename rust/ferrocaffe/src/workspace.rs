@@ -48,6 +48,15 @@ impl WorkspaceStack {
     }
 }
 
+/// A value of another kind kept in a blob ([`Blob::Other`]).
+pub trait OtherBlob: std::any::Any + Send + Sync {
+    /// The C++ type name Caffe2 reported for such a blob (e.g.
+    /// `std::shared_ptr<caffe2::BlobsQueue>`), used in messages and by `FetchBlob`.
+    fn type_name(&self) -> &'static str;
+    /// For downcasting to the concrete type.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
 /// What a blob holds.
 #[derive(Default)]
 pub enum Blob {
@@ -66,8 +75,8 @@ pub enum Blob {
     AtomicBool(Arc<AtomicBool>),
     /// A counter (`CreateCounter`).
     Counter(Arc<AtomicI64>),
-    /// Anything else.
-    Other(Box<dyn std::any::Any + Send + Sync>),
+    /// Anything else (queues, RNN scratch state, ...).
+    Other(Box<dyn OtherBlob>),
 }
 
 impl fmt::Debug for Blob {
@@ -90,7 +99,7 @@ impl Blob {
             Blob::Mutex(_) => "mutex",
             Blob::AtomicBool(_) => "atomic bool",
             Blob::Counter(_) => "counter",
-            Blob::Other(_) => "other value",
+            Blob::Other(o) => o.type_name(),
         }
     }
 
@@ -109,7 +118,7 @@ impl Blob {
             Blob::Counter(_) => {
                 "std::unique_ptr<caffe2::Counter<long>, std::default_delete<caffe2::Counter<long> > >"
             }
-            Blob::Other(_) => "other",
+            Blob::Other(o) => o.type_name(),
         }
     }
 

@@ -6,6 +6,10 @@
 //! write-after-write) and on every reader since that write of each blob it writes
 //! (write-after-read). Blobs named in `control_input` count as reads for ordering. Executing in any order compatible with these edges gives the same results
 //! as running the ops in net order. Pools are shared between nets of the same size.
+//!
+//! Dependencies are per blob: two blobs whose tensors alias one storage (the `Alias` op, RNN
+//! link views) are not seen as related, as in Caffe2; nets that write through such aliases
+//! should use the `simple` executor or order the ops through a shared blob.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

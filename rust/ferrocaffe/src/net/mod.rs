@@ -260,6 +260,11 @@ impl Net {
         &self.name
     }
 
+    /// The workspace the net runs in, if it still exists.
+    pub fn workspace(&self) -> Option<Arc<Workspace>> {
+        self.ws.upgrade()
+    }
+
     /// Number of ops.
     pub fn num_ops(&self) -> usize {
         match &self.exec {

@@ -4,6 +4,9 @@
 use crate::error::{Error, Result};
 use crate::proto::OperatorDef;
 
+/// In-place pairs were recorded for input and output indices below this bound.
+const INPLACE_PROBE_LIMIT: u32 = 6;
+
 /// Static description of one operator type.
 #[derive(Debug, Clone, Copy)]
 pub struct OpSchema {
@@ -50,6 +53,18 @@ impl OpSchema {
         }
     }
 
+    /// Whether `input` and `output` may share a blob. The table was probed on indices below
+    /// [`INPLACE_PROBE_LIMIT`]; a schema that allowed every probed pair (Caffe2's
+    /// `AllowInplace` returning true, as for If/Do/While) allows the pairs past it too.
+    fn inplace_ok(&self, input: u32, output: u32) -> bool {
+        let pair = (input, output);
+        if self.inplace_allowed.contains(&pair) || self.inplace_enforced.contains(&pair) {
+            return true;
+        }
+        let n = INPLACE_PROBE_LIMIT;
+        (input >= n || output >= n) && self.inplace_allowed.len() as u32 >= n * n
+    }
+
     fn count_ok(n: usize, (lo, hi): (u32, u32), mask: u8) -> bool {
         if mask != 0 && n <= 6 {
             return mask & (1 << n) != 0;
@@ -91,8 +106,7 @@ impl OpSchema {
         for (o, out) in op.output.iter().enumerate() {
             for (i, inp) in op.input.iter().enumerate() {
                 if inp == out
-                    && !self.inplace_allowed.contains(&(i as u32, o as u32))
-                    && !self.inplace_enforced.contains(&(i as u32, o as u32))
+                    && !self.inplace_ok(i as u32, o as u32)
                     && self.input_count_mask == 0
                     && self.inputs != (0, u32::MAX)
                 {
@@ -160,6 +174,23 @@ mod tests {
         let fc = lookup("FC").expect("known");
         assert!(fc
             .verify(&OperatorDef::new("FC", ["x", "w", "b"], ["x"]))
+            .is_err());
+    }
+
+    #[test]
+    fn control_flow_ops_run_in_place_past_the_probed_indices() {
+        // If/Do/While allow any in-place pair; the table lists the probed 6x6 square only.
+        let mut ins: Vec<String> = (0..7).map(|i| format!("i{i}")).collect();
+        ins[6] = "ws".into();
+        let outs = ["y", "a", "b", "ws"];
+        for t in ["If", "Do", "While"] {
+            let op = OperatorDef::new(t, ins.clone(), outs);
+            assert!(lookup(t).expect("known").verify(&op).is_ok(), "{t}");
+        }
+        // An op with specific pairs keeps rejecting the others.
+        let fc = lookup("FC").expect("known");
+        assert!(fc
+            .verify(&OperatorDef::new("FC", ["x", "w", "b"], ["b"]))
             .is_err());
     }
 }

@@ -15,16 +15,14 @@ struct Fetcher {
 
 impl Operator for Fetcher {
     fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
-        let stack = match ctx.input_blob(0)? {
-            Blob::Workspaces(s) => s.clone(),
-            other => {
-                return Err(ctx.err(format!(
-                    "input {} should hold the step workspaces of a RecurrentNetwork op, found {}",
-                    ctx.input_name(0),
-                    other.type_name()
-                )))
-            }
-        };
+        let b = ctx.input_blob(0)?;
+        let stack = super::steps::scratch_of(b).ok_or_else(|| {
+            ctx.err(format!(
+                "input {} should hold the step workspaces of a RecurrentNetwork op, found {}",
+                ctx.input_name(0),
+                b.type_name()
+            ))
+        })?;
         let workspaces = stack.lock().workspaces.clone();
         let mut names = Vec::new();
         for (i, step) in workspaces.iter().enumerate() {

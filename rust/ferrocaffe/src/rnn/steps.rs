@@ -12,28 +12,51 @@ use parking_lot::Mutex;
 use crate::error::{Error, Result};
 use crate::proto::NetDef;
 use crate::tensor::Tensor;
-use crate::workspace::{Blob, BlobHandle, Workspace, WorkspaceStack};
+use crate::workspace::{Blob, BlobHandle, OtherBlob, Workspace, WorkspaceStack};
+
+/// The value of the scratch blob: the step workspaces (Caffe2's
+/// `caffe2::detail::ScratchWorkspaces`, which is what `FetchBlob` names).
+#[derive(Clone, Default)]
+pub struct Scratch(pub Arc<Mutex<WorkspaceStack>>);
+
+impl OtherBlob for Scratch {
+    fn type_name(&self) -> &'static str {
+        "caffe2::detail::ScratchWorkspaces"
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The step workspaces a blob holds, if it holds some.
+pub fn scratch_of(b: &Blob) -> Option<Arc<Mutex<WorkspaceStack>>> {
+    match b {
+        Blob::Other(o) => o.as_any().downcast_ref::<Scratch>().map(|s| s.0.clone()),
+        Blob::Workspaces(s) => Some(s.clone()),
+        _ => None,
+    }
+}
 
 /// The stack in a scratch blob, creating an empty one in a blob that holds anything else.
 pub fn stack_in(h: &BlobHandle) -> Arc<Mutex<WorkspaceStack>> {
     let mut b = h.write();
-    if let Blob::Workspaces(s) = &*b {
-        return s.clone();
+    if let Some(s) = scratch_of(&b) {
+        return s;
     }
-    let s = Arc::new(Mutex::new(WorkspaceStack::default()));
-    *b = Blob::Workspaces(s.clone());
-    s
+    let s = Scratch::default();
+    *b = Blob::Other(Box::new(s.clone()));
+    s.0
 }
 
 /// The stack in a scratch blob that the forward op must have filled.
 pub fn existing_stack(h: &BlobHandle, name: &str) -> Result<Arc<Mutex<WorkspaceStack>>> {
-    match &*h.read() {
-        Blob::Workspaces(s) => Ok(s.clone()),
-        other => Err(Error::Runtime(format!(
+    let b = h.read();
+    scratch_of(&b).ok_or_else(|| {
+        Error::Runtime(format!(
             "blob {name} should hold the step workspaces of a RecurrentNetwork op, found {}",
-            other.type_name()
-        ))),
-    }
+            b.type_name()
+        ))
+    })
 }
 
 /// The shared workspace of a stack's step workspaces, if they belong to `op_ws`.
@@ -114,6 +137,10 @@ mod tests {
         let op_ws = Workspace::new();
         let h = op_ws.create_blob("scratch");
         let stack = stack_in(&h);
+        assert_eq!(
+            h.read().caffe2_type_name(),
+            "caffe2::detail::ScratchWorkspaces"
+        );
         let (shared, a) = ensure_workspaces(&stack, &op_ws, 3);
         assert_eq!(a.len(), 3);
         assert!(Arc::ptr_eq(a[1].parent().unwrap(), &shared));

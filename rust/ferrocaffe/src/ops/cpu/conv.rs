@@ -128,6 +128,10 @@ impl Conv {
         let (xs, ws) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
         let y_dims = self.g.dims(d.n, d.m, d.oh, d.ow);
         let y = outs.tensor(0)?.ensure::<f32>(&y_dims);
+        if d.group == d.c && d.m == d.c && self.g.order == Order::Nhwc {
+            depthwise(&self.g, &d, xs, ws, bias, y);
+            return Ok(());
+        }
         let (kd, so, mg) = (d.kdim(), d.spatial_out(), d.mg());
         let mut col = vec![0f32; kd * so];
         let mut tmp = if self.g.order == Order::Nhwc && d.group > 1 {
@@ -435,6 +439,60 @@ pub(crate) fn col2im(g: &Geometry, d: &Dims, col: &[f32], img: usize, gi: usize,
                             for (o, v) in dx[dst..dst + cg].iter_mut().zip(src) {
                                 *o += v;
                             }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Depthwise convolution (one filter per channel), computed directly: channel-major loops for
+/// NCHW, channel-minor for NHWC, so reads stay contiguous.
+fn depthwise(g: &Geometry, d: &Dims, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+    let (sh, sw) = (g.stride[0], g.stride[1]);
+    let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
+    let (dh, dw) = (g.dilation[0], g.dilation[1]);
+    let (c, h, wd) = (d.c, d.h as isize, d.w as isize);
+    let kk = d.kh * d.kw;
+    // W: NCHW [C, 1, kh, kw]; NHWC [C, kh, kw, 1]: both are ch * kk + ki * kw + kj.
+    let one = |img: usize, ch: usize, oy: usize, ox: usize| -> f32 {
+        let mut acc = bias.map_or(0.0, |b| b[ch]);
+        for ki in 0..d.kh {
+            let iy = (oy * sh + ki * dh) as isize - pt;
+            if iy < 0 || iy >= h {
+                continue;
+            }
+            for kj in 0..d.kw {
+                let ix = (ox * sw + kj * dw) as isize - pl;
+                if ix < 0 || ix >= wd {
+                    continue;
+                }
+                let xi = match g.order {
+                    Order::Nchw => ((img * c + ch) * d.h + iy as usize) * d.w + ix as usize,
+                    Order::Nhwc => ((img * d.h + iy as usize) * d.w + ix as usize) * c + ch,
+                };
+                acc += x[xi] * w[ch * kk + ki * d.kw + kj];
+            }
+        }
+        acc
+    };
+    for img in 0..d.n {
+        match g.order {
+            Order::Nchw => {
+                for ch in 0..c {
+                    for oy in 0..d.oh {
+                        for ox in 0..d.ow {
+                            y[((img * c + ch) * d.oh + oy) * d.ow + ox] = one(img, ch, oy, ox);
+                        }
+                    }
+                }
+            }
+            Order::Nhwc => {
+                for oy in 0..d.oh {
+                    for ox in 0..d.ow {
+                        for ch in 0..c {
+                            y[((img * d.oh + oy) * d.ow + ox) * c + ch] = one(img, ch, oy, ox);
                         }
                     }
                 }

@@ -6,10 +6,7 @@ use std::fs;
 use std::io::Write;
 use std::path::Path;
 
-use prost::Message;
-
 use crate::error::{Error, Result};
-use crate::proto::{TensorProto, TensorProtos};
 
 fn rt(msg: impl std::fmt::Display) -> Error {
     Error::Runtime(msg.to_string())
@@ -30,8 +27,41 @@ pub fn check_type(db_type: &str, path: &str) -> Result<()> {
 pub struct Reader {
     data: Vec<u8>,
     pos: usize,
-    protos: Option<std::vec::IntoIter<TensorProto>>,
+    protos: Option<std::vec::IntoIter<(String, Vec<u8>)>>,
     path: String,
+}
+
+/// The raw entries of a protodb file (`TensorProtos.protos`), each with its name; None when the
+/// file is not a TensorProtos.
+fn protodb_entries(data: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
+    let scan = crate::wire::scan_stream(data, &crate::wire::TENSORS);
+    if !scan.ok {
+        // Not binary: the text format, as the C++ runtime falls back to.
+        let text = std::str::from_utf8(data).ok()?;
+        let protos = crate::wire::text_tensors(text)?;
+        return Some(
+            protos
+                .protos
+                .into_iter()
+                .map(|p| (p.name().to_string(), prost::Message::encode_to_vec(&p)))
+                .collect(),
+        );
+    }
+    // Entries are the `protos` fields of the part that parsed.
+    let known = scan.known;
+    let mut entries = Vec::new();
+    let mut pos = 0;
+    while pos < known.len() {
+        let (field, wt, s, e) = crate::wire::next_field(&known, &mut pos)?;
+        if field == 1 && wt == 2 {
+            let raw = known[s..e].to_vec();
+            let name = crate::wire::tensor(&raw)
+                .map(|t| t.name().to_string())
+                .unwrap_or_default();
+            entries.push((name, raw));
+        }
+    }
+    Some(entries)
 }
 
 impl Reader {
@@ -40,9 +70,9 @@ impl Reader {
         check_type(db_type, path)?;
         let data = fs::read(path).map_err(|e| rt(format!("Cannot open file: {path} ({e})")))?;
         let protos = if db_type == "protodb" {
-            let p = TensorProtos::decode(data.as_slice())
-                .map_err(|_| rt(format!("Cannot read protobuffer from {path}")))?;
-            Some(p.protos.into_iter())
+            let p = protodb_entries(&data)
+                .ok_or_else(|| rt(format!("Cannot read protobuffer. ({path})")))?;
+            Some(p.into_iter())
         } else {
             None
         };
@@ -57,7 +87,7 @@ impl Reader {
     /// The next `(key, value)` record, or None at the end.
     pub fn next_record(&mut self) -> Result<Option<(String, Vec<u8>)>> {
         if let Some(it) = &mut self.protos {
-            return Ok(it.next().map(|p| (p.name().to_string(), p.encode_to_vec())));
+            return Ok(it.next());
         }
         if self.pos >= self.data.len() {
             return Ok(None);
@@ -87,7 +117,8 @@ pub struct Writer {
     db_type: String,
     path: String,
     buf: Vec<u8>,
-    protos: TensorProtos,
+    /// protodb entries as the C++ runtime would write them back.
+    protos: Vec<Vec<u8>>,
 }
 
 impl Writer {
@@ -98,17 +129,20 @@ impl Writer {
             db_type: db_type.to_string(),
             path: path.to_string(),
             buf: Vec::new(),
-            protos: TensorProtos::default(),
+            protos: Vec::new(),
         })
     }
 
     /// Adds one record.
     pub fn put(&mut self, key: &str, value: &[u8]) -> Result<()> {
         if self.db_type == "protodb" {
-            let p = TensorProto::decode(value)
-                .map_err(|_| rt("Cannot parse content from the value string"))?;
+            // The entry is added first and keeps whatever parsed, as ProtoDB's does.
+            let (p, bytes, ok) = crate::wire::tensor_round_trip(value);
+            self.protos.push(bytes);
+            if !ok {
+                return Err(rt("Cannot parse content from the value string"));
+            }
             let name = p.name().to_string();
-            self.protos.protos.push(p);
             if name != key {
                 return Err(rt(format!(
                     "Passed in key {key} does not equal to the tensor name {name}"
@@ -128,7 +162,22 @@ impl Writer {
     /// Writes the file (also after a failed `put`, as Caffe2's DBs do when closed).
     pub fn close(self) -> Result<()> {
         let bytes = if self.db_type == "protodb" {
-            self.protos.encode_to_vec()
+            let mut out = Vec::new();
+            for e in &self.protos {
+                out.push(0x0a);
+                let mut n = e.len() as u64;
+                loop {
+                    let byte = (n & 0x7f) as u8;
+                    n >>= 7;
+                    if n == 0 {
+                        out.push(byte);
+                        break;
+                    }
+                    out.push(byte | 0x80);
+                }
+                out.extend_from_slice(e);
+            }
+            out
         } else {
             self.buf
         };

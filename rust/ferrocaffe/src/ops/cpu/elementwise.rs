@@ -12,8 +12,16 @@ use crate::tensor::{DataType, Element};
 /// Runs `$body` with the type alias `$T` bound to the Rust type of `$dtype`, for the listed
 /// data types; other types give an error naming the op's type list.
 ///
-/// ```ignore
-/// dispatch!(x.dtype(), [Float => f32, Int64 => i64], |T| { ... })
+/// ```
+/// use ferrocaffe::dispatch;
+/// use ferrocaffe::tensor::DataType;
+///
+/// fn size_of(dtype: DataType) -> ferrocaffe::Result<usize> {
+///     dispatch!(dtype, [Float => f32, Int64 => i64], |T| Ok(std::mem::size_of::<T>()))
+/// }
+/// assert_eq!(size_of(DataType::Float).unwrap(), 4);
+/// assert_eq!(size_of(DataType::Int64).unwrap(), 8);
+/// assert!(size_of(DataType::Bool).is_err());
 /// ```
 #[macro_export]
 macro_rules! dispatch {

@@ -46,7 +46,10 @@ pub fn sgemm(
     } else {
         (n as isize, 1)
     };
-    let par = if m * n * k >= 1 << 18 {
+    // Parallel only when called from outside a worker pool: a pool thread waiting for its
+    // GEMM's subtasks may run other queued ops, which could block on a blob lock that the
+    // waiting op holds further up the same stack.
+    let par = if m * n * k >= 1 << 18 && rayon::current_thread_index().is_none() {
         gemm::Parallelism::Rayon(0)
     } else {
         gemm::Parallelism::None

@@ -7,13 +7,10 @@
 
 use std::collections::{HashMap, HashSet};
 
-use prost::Message;
-
 use super::db;
 use crate::error::{Error, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
-use crate::proto::BlobProto;
 use crate::serialize::{self, load_record, BlobState, CHUNK_SEPARATOR};
 use crate::workspace::Blob;
 
@@ -261,8 +258,7 @@ impl Operator for Load {
                 }
                 key_db.insert(key.clone(), db_id);
                 if self.load_all {
-                    let bp = BlobProto::decode(value.as_slice())
-                        .map_err(|_| rt("Couldn't parse Proto"))?;
+                    let bp = crate::wire::blob(&value).ok_or_else(|| rt("Couldn't parse Proto"))?;
                     let h = ctx.ws.create_blob(&key);
                     let mut b = h.write();
                     if load_record(&mut b, &bp, &key, &mut states)? {
@@ -273,8 +269,8 @@ impl Operator for Load {
                 let Some(&j) = self.wanted.get(&key) else {
                     continue;
                 };
-                let bp = BlobProto::decode(value.as_slice())
-                    .map_err(|_| rt("proto.ParseFromString(cursor->value())"))?;
+                let bp = crate::wire::blob(&value)
+                    .ok_or_else(|| rt("proto.ParseFromString(cursor->value())"))?;
                 let h = ctx.output_handle(j).clone();
                 let mut b = h.write();
                 if load_record(&mut b, &bp, &key, &mut states)? {

@@ -85,6 +85,7 @@ pub mod nn;
 pub mod norm;
 pub mod optim;
 pub mod pool;
+pub mod queue;
 pub mod reduce;
 pub mod resize;
 pub mod rng;
@@ -119,4 +120,5 @@ pub fn register_all(r: &mut Registry) {
     resize::register(r);
     rnn_units::register(r);
     load_save::register(r);
+    queue::register(r);
 }
