@@ -3,6 +3,7 @@
     ferrocaffe                     inspect the bundled example net (LeNet-style predict net)
     ferrocaffe inspect [FILE]      inspect a NetDef: .pb (binary) or .pbtxt (text format)
     ferrocaffe FILE                same as ``inspect FILE``
+    ferrocaffe demo [OPTIONS]      train a character-level LSTM and generate text (char_rnn)
 
 ``inspect`` prints the ops, the external inputs and outputs, the SSA form (every blob read or
 written, with its version, as ``core.get_ssa`` numbers them) and the undefined blobs (read
@@ -195,6 +196,48 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo_arguments(parser: argparse.ArgumentParser) -> None:
+    from ferrocaffe.char_rnn import Config
+
+    d = Config()
+    parser.add_argument("--corpus", metavar="PATH", help="a UTF-8 text file to train on "
+                        "(default: the package's own sources and docs)")
+    parser.add_argument("--hidden-size", type=int, default=d.hidden_size)
+    parser.add_argument("--seq-length", type=int, default=d.seq_length)
+    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument("--iterations", type=int, default=d.iterations)
+    parser.add_argument("--learning-rate", type=float, default=d.learning_rate)
+    parser.add_argument("--max-seconds", type=float, default=d.max_seconds,
+                        help="stop training after this long (0: no limit)")
+    parser.add_argument("--threads", type=int, default=d.threads,
+                        help="RNN executor (and GEMM) threads; 0: automatic")
+    parser.add_argument("--sample-length", type=int, default=d.sample_length,
+                        help="characters of text to generate after training")
+    parser.add_argument("--temperature", type=float, default=d.temperature)
+    parser.add_argument("--seed", type=int, default=d.seed)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from ferrocaffe.char_rnn import Config, run
+
+    for name in ("hidden_size", "seq_length", "batch_size", "iterations"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    config = Config(
+        hidden_size=args.hidden_size, seq_length=args.seq_length, batch_size=args.batch_size,
+        iterations=args.iterations, learning_rate=args.learning_rate, threads=args.threads,
+        max_seconds=args.max_seconds,
+        sample_length=args.sample_length, temperature=args.temperature, seed=args.seed,
+    )
+    try:
+        run(config, args.corpus)
+    except OSError as e:
+        raise UsageError(f"cannot read {args.corpus}: {e.strerror or e}")
+    except ValueError as e:
+        raise UsageError(str(e))
+    return 0
+
+
 # name -> (help, add arguments, run). The first entry is the default subcommand.
 SUBCOMMANDS: dict[
     str,
@@ -204,6 +247,12 @@ SUBCOMMANDS: dict[
         "inspect a NetDef (ops, external blobs, SSA, undefined blobs)",
         _inspect_arguments,
         _inspect,
+    ),
+    "demo": (
+        "train a character-level LSTM (on the package's own sources by default) and "
+        "generate text",
+        _demo_arguments,
+        _demo,
     ),
 }
 

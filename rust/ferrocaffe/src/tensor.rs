@@ -282,16 +282,23 @@ impl Storage {
     /// it is external.
     #[allow(clippy::mut_from_ref)]
     fn buffer_mut(&self) -> &mut Buffer {
-        // SAFETY: callers hold `&mut Tensor`; aliases follow the module's concurrency contract.
-        let slot = unsafe { &mut *self.buf.get() };
-        let writable = matches!(**slot, Buffer::Owned(_) | Buffer::Strings(_));
-        if !writable || Arc::get_mut(slot).is_none() {
+        // Uniqueness is read from the strong count (no `Weak<Buffer>` is ever made), never with
+        // `Arc::get_mut`: its check briefly locks the weak count, so two threads writing
+        // disjoint views of one storage at once (the RNN executor does) could each see the
+        // other's lock, take the buffer for shared, and copy it away from the other aliases.
+        // SAFETY: a shared read of the slot; it is only replaced below, under the contract.
+        let cur = unsafe { &*self.buf.get() };
+        let writable = matches!(**cur, Buffer::Owned(_) | Buffer::Strings(_));
+        if !writable || Arc::strong_count(cur) != 1 {
+            // SAFETY: callers hold `&mut Tensor`; aliases follow the module's concurrency
+            // contract (a shared buffer is never written, so no alias writes concurrently).
+            let slot = unsafe { &mut *self.buf.get() };
             *slot = Arc::new(slot.deep_copy());
         }
-        match Arc::get_mut(slot) {
-            Some(b) => b,
-            None => unreachable_unique(),
-        }
+        // SAFETY: this storage holds the only reference to an owned buffer, so the buffer is
+        // reached only through this storage's aliases, which write disjoint elements when they
+        // run concurrently (module docs); the enum itself is never modified through this.
+        unsafe { &mut *Arc::as_ptr(&*self.buf.get()).cast_mut() }
     }
 }
 

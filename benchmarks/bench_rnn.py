@@ -1,0 +1,246 @@
+"""RNN benchmark: forward + backward of an LSTM built with ``rnn_cell.LSTM`` (a RecurrentNetwork
+op and its gradient), against a plain-numpy LSTM measured in the same run.
+
+    python benchmarks/bench_rnn.py          (build with `maturin develop --release` first)
+
+1. ratio: one layer, T=64, N=32, D=128, H=256; the whole training net (input projection FC,
+   RecurrentNetwork, loss, gradient ops) against numpy doing the same forward and backward
+   with the input projection in one GEMM and one recurrent GEMM per step (and the recurrent
+   weight gradient in one GEMM at the end). Target: ferrocaffe / numpy <= 0.5.
+2. executor gain: the same net with ``enable_rnn_executor`` 0 (step nets one after another)
+   against 1 (the threaded executor), for 1 and 2 layers.
+
+Before timing, the loss and every parameter gradient are checked against numpy.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from ferrocaffe import core, model_helper, rnn_cell, workspace
+
+
+def build(T, N, D, H, layers):
+    """The training net: input FC projection + LSTM (+ gradient), loss = mean(h_all ** 2)."""
+    core.Net._net_names_used = set()
+    model = model_helper.ModelHelper(name="bench_lstm")
+    inputs = ["input", "seq_lengths"]
+    initial = []
+    for i in range(layers):
+        initial += ["h%d" % i, "c%d" % i]
+    hidden_all, _, _, _ = rnn_cell.LSTM(
+        model,
+        "input",
+        "seq_lengths",
+        initial,
+        D,
+        [H] * layers if layers > 1 else H,
+        scope="lstm",
+    )
+    sq = model.net.Sqr(hidden_all, "sq")
+    loss = model.net.AveragedLoss(sq, "loss")
+    model.AddGradientOperators([loss])
+    return model, inputs + initial, str(hidden_all)
+
+
+def set_executor(net_proto, enabled, threads):
+    for op in net_proto.op:
+        if not op.type.startswith("RecurrentNetwork"):
+            continue
+        keep = [
+            a for a in op.arg if a.name not in ("enable_rnn_executor", "rnn_executor.num_threads")
+        ]
+        del op.arg[:]
+        op.arg.extend(keep)
+        op.arg.add(name="enable_rnn_executor", i=int(enabled))
+        if threads:
+            op.arg.add(name="rnn_executor.num_threads", i=threads)
+
+
+def params_of(model):
+    return [str(p) for p in model.params]
+
+
+def setup(model, feed_names, T, N, D, H, layers, seed=0):
+    workspace.ResetWorkspace()
+    rng = np.random.default_rng(seed)
+    workspace.RunNetOnce(model.param_init_net)
+    values = {}
+    for p in params_of(model):
+        shape = workspace.FetchBlob(p).shape
+        values[p] = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+        workspace.FeedBlob(p, values[p])
+    values["input"] = rng.standard_normal((T, N, D)).astype(np.float32)
+    values["seq_lengths"] = np.full(N, T, dtype=np.int32)
+    for name in feed_names[2:]:
+        values[name] = (rng.standard_normal((1, N, H)) * 0.1).astype(np.float32)
+    for name in feed_names:
+        workspace.FeedBlob(name, values[name])
+    return values
+
+
+def best_median(fns, repeat, trials=3):
+    """For each function: the lowest, over ``trials``, of the median of ``repeat`` calls. Each
+    trial times the functions one block after another, with a pause between blocks so that
+    worker threads of one library (OpenBLAS spins after each call) do not steal the cores
+    while the other is timed."""
+    best = [float("inf")] * len(fns)
+    for _ in range(trials):
+        for k, fn in enumerate(fns):
+            time.sleep(0.3)
+            fn()
+            times = []
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+            best[k] = min(best[k], statistics.median(times))
+    return best
+
+
+# ----------------------------------------------------------------------------- numpy LSTM
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def numpy_lstm(x, h0, c0, wx, bx, wh, bh):
+    """Forward and backward of one LSTM layer (gates i, f, o, g, as Caffe2's LSTMUnit) and of
+    loss = mean(h ** 2). Returns the loss and the gradients of the weights and the input."""
+    T, N, _ = x.shape
+    H = wh.shape[1]
+    xp = (x.reshape(T * N, -1) @ wx.T + (bx + bh)).reshape(T, N, 4 * H)
+    hs = np.empty((T + 1, N, H), np.float32)
+    cs = np.empty((T + 1, N, H), np.float32)
+    acts = np.empty((T, N, 4 * H), np.float32)
+    hs[0], cs[0] = h0, c0
+    for t in range(T):
+        g = xp[t] + hs[t] @ wh.T
+        a = acts[t]
+        a[:, : 3 * H] = sigmoid(g[:, : 3 * H])
+        a[:, 3 * H :] = np.tanh(g[:, 3 * H :])
+        i, f, o, c = a[:, :H], a[:, H : 2 * H], a[:, 2 * H : 3 * H], a[:, 3 * H :]
+        cs[t + 1] = f * cs[t] + i * c
+        hs[t + 1] = o * np.tanh(cs[t + 1])
+    h = hs[1:]
+    loss = float(np.mean(np.square(h, dtype=np.float64)))
+    dh_all = (2.0 / h.size) * h
+    dgates = np.empty((T, N, 4 * H), np.float32)
+    dh = np.zeros((N, H), np.float32)
+    dc = np.zeros((N, H), np.float32)
+    for t in range(T - 1, -1, -1):
+        a = acts[t]
+        i, f, o, c = a[:, :H], a[:, H : 2 * H], a[:, 2 * H : 3 * H], a[:, 3 * H :]
+        dh = dh + dh_all[t]
+        tc = np.tanh(cs[t + 1])
+        dc = dc + dh * o * (1 - tc * tc)
+        dg = dgates[t]
+        dg[:, :H] = dc * c * i * (1 - i)
+        dg[:, H : 2 * H] = dc * cs[t] * f * (1 - f)
+        dg[:, 2 * H : 3 * H] = dh * tc * o * (1 - o)
+        dg[:, 3 * H :] = dc * i * (1 - c * c)
+        dc = dc * f
+        dh = dg @ wh
+    dg2 = dgates.reshape(T * N, 4 * H)
+    dwh = dg2.T @ hs[:-1].reshape(T * N, H)
+    dwx = dg2.T @ x.reshape(T * N, -1)
+    db = dg2.sum(axis=0)
+    dx = (dg2 @ wx).reshape(x.shape)
+    return loss, {"wx": dwx, "bx": db, "wh": dwh, "bh": db, "x": dx, "h0": dh, "c0": dc}
+
+
+def check_against_numpy(model, values, H):
+    """The ferrocaffe run must match numpy (one layer)."""
+    p = {name.split("/")[-1]: values[name] for name in params_of(model)}
+    loss, grads = numpy_lstm(
+        values["input"],
+        values["h0"][0],
+        values["c0"][0],
+        p["i2h_w"],
+        p["i2h_b"],
+        p["gates_t_w"],
+        p["gates_t_b"],
+    )
+    got = float(workspace.FetchBlob("loss"))
+    # AveragedLoss sums in float32: allow its rounding over T*N*H values.
+    assert abs(got - loss) <= 1e-3 * abs(loss), (got, loss)
+    pairs = {
+        "lstm/i2h_w_grad": "wx",
+        "lstm/i2h_b_grad": "bx",
+        "lstm/gates_t_w_grad": "wh",
+        "lstm/gates_t_b_grad": "bh",
+        "input_grad": "x",
+    }
+    for blob, key in pairs.items():
+        np.testing.assert_allclose(
+            workspace.FetchBlob(blob), grads[key], rtol=2e-3, atol=1e-6, err_msg=blob
+        )
+
+
+def create(model, enabled, threads, name):
+    """A copy of the training net under ``name`` with the executor flag set; returns a runner."""
+    proto = model.net.Proto().__class__()
+    proto.CopyFrom(model.net.Proto())
+    proto.name = name
+    set_executor(proto, enabled, threads)
+    workspace.CreateNet(proto, overwrite=True)
+    workspace.RunNet(name)
+    return lambda: workspace.RunNet(name)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--T", type=int, default=64)
+    ap.add_argument("--N", type=int, default=32)
+    ap.add_argument("--D", type=int, default=128)
+    ap.add_argument("--H", type=int, default=256)
+    ap.add_argument("--repeat", type=int, default=10, help="calls per timing block")
+    ap.add_argument("--threads", type=int, default=0, help="executor threads (0: default)")
+    args = ap.parse_args(argv)
+    T, N, D, H = args.T, args.N, args.D, args.H
+    print("LSTM T=%d N=%d D=%d H=%d, %d CPUs" % (T, N, D, H, os.cpu_count()))
+
+    model, feeds, _ = build(T, N, D, H, 1)
+    values = setup(model, feeds, T, N, D, H, 1)
+    run_ours = create(model, True, args.threads, "lstm_executor")
+    check_against_numpy(model, values, H)
+    p = {name.split("/")[-1]: values[name] for name in params_of(model)}
+
+    def run_numpy():
+        numpy_lstm(
+            values["input"],
+            values["h0"][0],
+            values["c0"][0],
+            p["i2h_w"],
+            p["i2h_b"],
+            p["gates_t_w"],
+            p["gates_t_b"],
+        )
+
+    ours, ref = best_median([run_ours, run_numpy], args.repeat)
+    ratio = ours / ref
+    print(
+        "forward+backward: ferrocaffe %.2f ms, numpy %.2f ms, ratio %.3f (target <= 0.5)"
+        % (ours * 1e3, ref * 1e3, ratio)
+    )
+
+    gains = {}
+    for layers in (1, 2):
+        model, feeds, _ = build(T, N, D, H, layers)
+        setup(model, feeds, T, N, D, H, layers)
+        seq_run = create(model, False, 0, "lstm_plain")
+        par_run = create(model, True, args.threads, "lstm_threaded")
+        seq, par = best_median([seq_run, par_run], args.repeat)
+        gains[layers] = seq / par
+        print(
+            "executor gain, %d layer%s: step nets one by one %.2f ms, executor %.2f ms, "
+            "gain %.2fx" % (layers, "s" if layers > 1 else "", seq * 1e3, par * 1e3, gains[layers])
+        )
+    return ratio, gains
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

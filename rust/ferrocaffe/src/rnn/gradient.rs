@@ -1,0 +1,367 @@
+//! `RecurrentNetworkGradient`: runs `backward_step_net` from the last timestep down to the
+//! first, in a child workspace of each forward step workspace (it sees the forward blobs; its
+//! own blobs stay out of the forward workspaces).
+//!
+//! Inputs: the gradients of the forward outputs listed in `outputs_with_grads`, every forward
+//! input, every forward output (the step workspaces last). Outputs: the gradient of the input
+//! sequence, of each `param` input, of each initial recurrent state.
+//!
+//! Before the steps: parameter gradients are zeroed; each state gradient buffer
+//! (`<state>_grad`, shaped like the state) gets a zero last row plus the gradient of the state's
+//! `-1` alias output if it has one; the input-sequence gradient is sized like the input. The
+//! backward step net gets, in this order: the link ops (forward links and `backward_link_*`),
+//! an `rnn_internal_accumulate_gradient_input` for each state whose `1` alias output has a
+//! gradient (adding row t of that gradient to row t + 1 of the state gradient), its own ops
+//! with each parameter gradient renamed `<grad>_tmpstep`, and per parameter an
+//! `rnn_internal_accumulate_param_gradient` adding that into the parameter gradient (Caffe2
+//! appends a `Sum`; the result is the same, element by element). Afterwards each initial-state gradient is copied from the
+//! first rows of its state gradient buffer.
+
+use std::sync::Arc;
+
+use super::config::{self, rename_in_net};
+use super::executor::RnnExecutor;
+use super::forward::executor_for;
+use super::steps;
+use crate::error::{Error, Result};
+use crate::ops::operator::{OpContext, OpInit, Operator};
+use crate::proto::{Argument, NetDef, OperatorDef};
+use crate::tensor::Tensor;
+use crate::workspace::{Blob, BlobHandle, Workspace};
+
+struct Param {
+    param: String,
+    grad: String,
+}
+
+struct RecurrentGradient {
+    state: String,
+    grad: String,
+    last_external_grad: Option<String>,
+}
+
+struct RecurrentNetworkGradient {
+    step_net: NetDef,
+    timestep: String,
+    params: Vec<Param>,
+    rgs: Vec<RecurrentGradient>,
+    recurrent_ids: Vec<usize>,
+    num_grad_inputs: usize,
+    seq_grad: String,
+    executor: Option<RnnExecutor>,
+    /// Per timestep: (forward step workspace, the backward workspace made as its child).
+    bwd: Vec<Option<(Arc<Workspace>, Arc<Workspace>)>>,
+}
+
+fn index(init: &OpInit<'_>, what: &str, v: i64, len: usize) -> Result<usize> {
+    usize::try_from(v)
+        .ok()
+        .filter(|&i| i < len)
+        .ok_or_else(|| init.err(format!("{what}: index {v} out of range ({len} available)")))
+}
+
+/// Factory of `RecurrentNetworkGradient`.
+pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+    let def = init.def;
+    let mut step_net = config::net_arg(init, "backward_step_net")?.ok_or_else(|| {
+        init.err("Argument backward_step_net must be specified (a NetDef or text)")
+    })?;
+    let timestep = init.args.string("timestep", "timestep")?;
+    let grad_inputs = init.args.ints("outputs_with_grads");
+    let ng = grad_inputs.len();
+    let mut links = config::links(
+        init,
+        "link_internal",
+        "link_external",
+        "link_offset",
+        Some("link_window"),
+    )?;
+    links.extend(config::links(
+        init,
+        "backward_link_internal",
+        "backward_link_external",
+        "backward_link_offset",
+        None,
+    )?);
+
+    // Parameters: the step net's gradient of each is renamed <grad>_tmpstep.
+    let param_ids = init.args.ints("param");
+    let param_grads = init.args.strings("param_grads")?;
+    if !param_grads.is_empty() && param_grads.len() != param_ids.len() {
+        return Err(init.err(format!(
+            "param ({}) and param_grads ({}) must have the same length",
+            param_ids.len(),
+            param_grads.len()
+        )));
+    }
+    let mut params = Vec::new();
+    let mut cell_grads = Vec::new();
+    for (i, &id) in param_ids.iter().enumerate() {
+        let input = index(init, "param", id + ng as i64, def.input.len())?;
+        let output = index(
+            init,
+            "param gradient output",
+            (i + 1) as i64,
+            def.output.len(),
+        )?;
+        let p = Param {
+            param: def.input[input].clone(),
+            grad: def.output[output].clone(),
+        };
+        let grad_blob = match param_grads.get(i) {
+            Some(g) => config::remapped(init, g)?,
+            None => p.grad.clone(),
+        };
+        let cell = format!("{grad_blob}_tmpstep");
+        rename_in_net(&mut step_net, &grad_blob, &cell);
+        cell_grads.push(cell);
+        params.push(p);
+    }
+
+    // State gradients and the output gradients that feed them.
+    let states = init.args.strings("recurrent_states")?;
+    let alias_src = init.args.strings("alias_src")?;
+    let alias_offset = init.args.ints("alias_offset");
+    let mut rgs = Vec::new();
+    let mut accumulate = Vec::new();
+    for state in &states {
+        let mut rg = RecurrentGradient {
+            state: state.clone(),
+            grad: config::remapped(init, &format!("{state}_grad"))?,
+            last_external_grad: None,
+        };
+        for (j, src) in alias_src.iter().enumerate() {
+            if src != state {
+                continue;
+            }
+            let Some(idx) = grad_inputs.iter().rposition(|&g| g == j as i64) else {
+                continue;
+            };
+            let external =
+                def.input[index(init, "outputs_with_grads", idx as i64, def.input.len())?].clone();
+            match alias_offset.get(j) {
+                Some(1) => {
+                    let mut op = OperatorDef::new(
+                        super::analysis::ACCUMULATE,
+                        [timestep.as_str(), external.as_str(), rg.grad.as_str()],
+                        [rg.grad.as_str()],
+                    );
+                    for l in links.iter().filter(|l| l.external == rg.grad) {
+                        op.arg.push(Argument {
+                            name: Some(format!("rnn_dependency.{}", l.internal)),
+                            s: Some(l.internal.clone().into_bytes()),
+                            ..Default::default()
+                        });
+                    }
+                    op.device_option = def.device_option.clone();
+                    op.arg.push(Argument {
+                        name: Some("offset".into()),
+                        i: Some(1),
+                        ..Default::default()
+                    });
+                    accumulate.push(op);
+                    step_net.external_input.push(rg.grad.clone());
+                    step_net.external_input.push(external);
+                }
+                Some(-1) => rg.last_external_grad = Some(external),
+                other => {
+                    return Err(init.err(format!(
+                        "alias {j} of recurrent state {state} has offset {other:?}; a state output with a gradient must have offset 1 or -1"
+                    )))
+                }
+            }
+        }
+        rgs.push(rg);
+    }
+    let recurrent_ids: Vec<usize> = init
+        .args
+        .ints("initial_recurrent_state_ids")
+        .into_iter()
+        .map(|id| {
+            index(
+                init,
+                "initial_recurrent_state_ids",
+                id + ng as i64,
+                def.input.len(),
+            )
+        })
+        .collect::<Result<_>>()?;
+    if recurrent_ids.len() != rgs.len() {
+        return Err(init.err(format!(
+            "initial_recurrent_state_ids ({}) and recurrent_states ({}) must have the same length",
+            recurrent_ids.len(),
+            rgs.len()
+        )));
+    }
+    if def.output.len() < 1 + params.len() + rgs.len() {
+        return Err(init.err(format!(
+            "needs {} outputs (input, parameter and initial state gradients), has {}",
+            1 + params.len() + rgs.len(),
+            def.output.len()
+        )));
+    }
+
+    if !step_net.external_input.contains(&timestep) {
+        step_net.external_input.push(timestep.clone());
+    }
+    accumulate.append(&mut step_net.op);
+    step_net.op = accumulate;
+    config::add_apply_link_ops(&links, &timestep, def.device_option.as_ref(), &mut step_net);
+    for (p, cell) in params.iter().zip(&cell_grads) {
+        step_net.op.push(OperatorDef::new(
+            super::analysis::ACCUMULATE_PARAM,
+            [p.grad.as_str(), cell.as_str()],
+            [p.grad.as_str()],
+        ));
+        step_net.external_input.push(p.grad.clone());
+    }
+    let seq_input = def
+        .input
+        .get(ng)
+        .ok_or_else(|| init.err("the forward input sequence is missing from the inputs"))?;
+    let seq_grad = config::remapped(init, &format!("{seq_input}_grad"))?;
+    let executor = executor_for(init, &step_net, &timestep)?;
+    Ok(Box::new(RecurrentNetworkGradient {
+        step_net,
+        timestep,
+        params,
+        rgs,
+        recurrent_ids,
+        num_grad_inputs: ng,
+        seq_grad,
+        executor,
+        bwd: Vec::new(),
+    }))
+}
+
+fn read_tensor(h: &BlobHandle, name: &str) -> Result<Tensor> {
+    match &*h.read() {
+        Blob::Tensor(t) => Ok(t.clone()),
+        other => Err(Error::Runtime(format!(
+            "blob {name} holds {}, expected a tensor",
+            other.type_name()
+        ))),
+    }
+}
+
+/// Sizes the tensor in `h` like `like` (dtype and shape) and returns it locked for writing.
+fn shaped_like(h: &BlobHandle, like: &Tensor, zero: bool) {
+    let mut b = h.write();
+    let g = b.tensor_mut();
+    g.reset(like.dtype(), like.dims());
+    if zero {
+        g.bytes_mut().fill(0);
+    }
+}
+
+impl RecurrentNetworkGradient {
+    fn prepare(&self, ws: &Arc<Workspace>, seq_input: &Tensor) -> Result<()> {
+        for p in &self.params {
+            let value = read_tensor(&ws.blob(&p.param)?, &p.param)?;
+            shaped_like(&ws.blob(&p.grad)?, &value, true);
+        }
+        for rg in &self.rgs {
+            let state = read_tensor(&ws.blob(&rg.state)?, &rg.state)?;
+            if state.ndim() != 3 {
+                return Err(Error::Runtime(format!(
+                    "recurrent state {} must be 3-dimensional, got {:?}",
+                    rg.state,
+                    state.dims()
+                )));
+            }
+            let h = ws.create_blob(&rg.grad);
+            let mut b = h.write();
+            let g = b.tensor_mut();
+            g.reset(state.dtype(), state.dims());
+            let rows = state.dims()[0];
+            let row = state.numel() / rows.max(1);
+            let data = g.as_mut_slice::<f32>()?;
+            let last = &mut data[(rows.max(1) - 1) * row..];
+            last.fill(0.0);
+            if let Some(og_name) = &rg.last_external_grad {
+                let og = read_tensor(&ws.blob(og_name)?, og_name)?;
+                if og.numel() != row {
+                    return Err(Error::Runtime(format!(
+                        "gradient {og_name} of the last state has {} values, a timestep of {} has {row}",
+                        og.numel(),
+                        rg.state
+                    )));
+                }
+                for (d, s) in last.iter_mut().zip(og.as_slice::<f32>()?) {
+                    *d += *s;
+                }
+            }
+        }
+        shaped_like(&ws.blob(&self.seq_grad)?, seq_input, true);
+        Ok(())
+    }
+
+    fn backward_workspace(&mut self, t: usize, fwd: &Arc<Workspace>) -> Arc<Workspace> {
+        if self.bwd.len() <= t {
+            self.bwd.resize_with(t + 1, || None);
+        }
+        match &self.bwd[t] {
+            Some((f, b)) if Arc::ptr_eq(f, fwd) => b.clone(),
+            _ => {
+                let b = Workspace::new_child(fwd);
+                self.bwd[t] = Some((fwd.clone(), b.clone()));
+                b
+            }
+        }
+    }
+}
+
+impl Operator for RecurrentNetworkGradient {
+    fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let ws: Arc<Workspace> = ctx.ws.clone();
+        let ng = self.num_grad_inputs;
+        let seq_input = read_tensor(ctx.input_handle(ng), ctx.input_name(ng))?;
+        let t_len = seq_input.dims().first().copied().unwrap_or(0);
+        let last = ctx.num_inputs() - 1;
+        let stack = steps::existing_stack(ctx.input_handle(last), ctx.input_name(last))?;
+        let fwd: Vec<Arc<Workspace>> = stack.lock().workspaces.clone();
+        if fwd.len() < t_len {
+            return Err(ctx.err(format!(
+                "{} holds {} step workspaces, the sequence has {t_len} timesteps (did the forward op run with a backward_step_net?)",
+                ctx.input_name(last),
+                fwd.len()
+            )));
+        }
+        self.prepare(&ws, &seq_input)?;
+        let bwd: Vec<Arc<Workspace>> = (0..t_len)
+            .map(|t| self.backward_workspace(t, &fwd[t]))
+            .collect();
+        if let Some(ex) = &mut self.executor {
+            for t in (0..t_len).rev() {
+                ex.ensure_timestep(t, &bwd[t])?;
+            }
+            ex.run(t_len, true)?;
+        } else {
+            for t in (0..t_len).rev() {
+                steps::run_step_net(&bwd[t], &self.step_net, &self.timestep, t)?;
+            }
+        }
+        for (i, (rg, &input)) in self.rgs.iter().zip(&self.recurrent_ids).enumerate() {
+            let init = read_tensor(ctx.input_handle(input), ctx.input_name(input))?;
+            let grad = read_tensor(&ws.blob(&rg.grad)?, &rg.grad)?;
+            let n = init.numel() * init.dtype().item_size();
+            if grad.bytes().len() < n {
+                return Err(ctx.err(format!(
+                    "state gradient {} is smaller than the initial state {}",
+                    rg.grad,
+                    ctx.input_name(input)
+                )));
+            }
+            let h = ctx.output_handle(i + self.params.len() + 1);
+            let mut b = h.write();
+            let out = b.tensor_mut();
+            out.reset(init.dtype(), init.dims());
+            out.bytes_mut().copy_from_slice(&grad.bytes()[..n]);
+        }
+        Ok(())
+    }
+
+    fn locks_blobs(&self) -> bool {
+        false
+    }
+}
