@@ -131,6 +131,21 @@ impl GradTable {
         }
         *slot = Some(g);
     }
+
+    /// Moves the gradient of `id` out (no gradient if absent), leaving the entry present;
+    /// [`GradTable::put_back`] restores it.
+    fn take_value(&mut self, id: BlobId) -> GradRef {
+        match self.vals.get_mut(id as usize) {
+            Some(Some(g)) => std::mem::take(g),
+            _ => GradRef::None,
+        }
+    }
+
+    fn put_back(&mut self, id: BlobId, g: GradRef) {
+        if let Some(Some(slot)) = self.vals.get_mut(id as usize) {
+            *slot = g;
+        }
+    }
 }
 
 /// Caffe2's `IR`: the forward ops played into SSA form, ready for a backward pass.
@@ -164,6 +179,11 @@ pub struct Ir<'a> {
     generators: Lists<Generator>,
     /// Reused per op: which input gradients update the gradient table.
     apply: Vec<bool>,
+    /// Reused per op: the gradients of its outputs.
+    g_output: Vec<GradRef>,
+    /// Whether every generator is recorded (for [`Ir::state`]), or only those of blob
+    /// versions that several ops read (all that gradient accumulation looks at).
+    all_generators: bool,
 }
 
 impl<'a> Ir<'a> {
@@ -199,6 +219,8 @@ impl<'a> Ir<'a> {
             gf_order: Vec::new(),
             generators: Lists::with_capacity(n_outs + 8),
             apply: Vec::new(),
+            g_output: Vec::new(),
+            all_generators: true,
         };
         for k in 0..ops.len() {
             ir.play(k);
@@ -325,6 +347,19 @@ impl<'a> Ir<'a> {
         self.generators.push(slot, g);
     }
 
+    /// Records only the gradient generators that the backward pass itself needs (those of
+    /// blob versions read by several ops, which gradient accumulation sums), not all of them:
+    /// for a backward pass whose [`Ir::state`] is not looked at. The gradient ops and the
+    /// gradient map are the same either way.
+    pub fn skip_unused_generators(&mut self) {
+        self.all_generators = false;
+    }
+
+    /// Whether a dense generator of `slot` is recorded.
+    fn keeps_generator(&self, slot: u32) -> bool {
+        self.all_generators || self.usage_count[slot as usize] > 1
+    }
+
     /// Caffe2's `IR.GetBackwardPass(ys)`: the gradient ops and the gradient of every blob.
     ///
     /// `ys` are the blobs to differentiate, each with its given gradient, or `GradRef::None`
@@ -411,19 +446,38 @@ impl<'a> Ir<'a> {
     ) -> Result<()> {
         let ops: &'a [OperatorDef] = self.ops;
         let op = &ops[k];
-        let outs = self.outs_of(k);
+        // The output gradients are moved out of the table for the maker and put back right
+        // after (nothing reads the table in between); an output listed twice gets a copy.
+        let mut g_output = std::mem::take(&mut self.g_output);
+        g_output.clear();
+        let (o0, o1) = (self.out_start[k], self.out_start[k + 1]);
+        let firsts = FirstOccurrences::new(&self.outs[o0..o1]);
         let mut any = false;
-        let mut g_output: Vec<GradRef> = Vec::with_capacity(outs.len());
-        for &(id, _) in outs {
-            let g = grads.get(id).cloned().unwrap_or_default();
+        for p in o0..o1 {
+            let id = self.outs[p].0;
+            let g = match firsts.earlier(&self.outs[o0..o1], p - o0) {
+                Some(e) => g_output[e].clone(),
+                None => grads.take_value(id),
+            };
             any |= g.is_some();
             g_output.push(g);
         }
+        let put_back = |grads: &mut GradTable, g_output: &mut Vec<GradRef>, outs: &[(BlobId, u32)]| {
+            for (p, &(id, _)) in outs.iter().enumerate() {
+                if firsts.earlier(outs, p).is_none() {
+                    grads.put_back(id, std::mem::take(&mut g_output[p]));
+                }
+            }
+        };
         if !any && op.r#type() != "ZeroGradient" {
+            put_back(grads, &mut g_output, &self.outs[o0..o1]);
+            self.g_output = g_output;
             return Ok(());
         }
         let mut out = dispatch::gradient_for_op(op, &g_output, cx)?;
         self.build_generators(k, &out.ops, &g_output, &out.input_grads, all_ops.len())?;
+        put_back(grads, &mut g_output, &self.outs[o0..o1]);
+        self.g_output = g_output;
 
         // Caffe2 decides every update against the table as it was before this op.
         let mut apply = std::mem::take(&mut self.apply);
@@ -485,10 +539,11 @@ impl<'a> Ir<'a> {
                 let Some(ii) = gi.get(o) else { continue };
                 let id = self.ins[start + ii].0;
                 let slot = self.in_slots[start + ii];
-                let device_option = gop.device_option.clone().unwrap_or_default();
+                let device_option = || gop.device_option.clone().unwrap_or_default();
                 let at = Some((base + j, i));
                 match &g_input[ii] {
                     GradRef::Sparse { indices, values } => {
+                        let device_option = device_option();
                         let (indices_op, values_op) =
                             if indices == o { (at, None) } else { (None, at) };
                         let gen = Generator::Sparse {
@@ -503,14 +558,16 @@ impl<'a> Ir<'a> {
                             None => sparse.push((id, slot, vec![gen])),
                         }
                     }
-                    GradRef::Dense(g) => self.push_generator(
-                        slot,
-                        Generator::Dense {
-                            op: at,
-                            gradient: g.clone(),
-                            device_option,
-                        },
-                    ),
+                    GradRef::Dense(g) => {
+                        if self.keeps_generator(slot) {
+                            let gen = Generator::Dense {
+                                op: at,
+                                gradient: g.clone(),
+                                device_option: device_option(),
+                            };
+                            self.push_generator(slot, gen);
+                        }
+                    }
                     GradRef::None => {}
                 }
             }
@@ -539,7 +596,7 @@ impl<'a> Ir<'a> {
                     }
                 }
                 GradRef::Dense(name) => {
-                    if !local.written(name) {
+                    if !local.written(name) && self.keeps_generator(slot) {
                         let gen = Generator::Dense {
                             op: None,
                             gradient: name.clone(),
@@ -837,6 +894,42 @@ impl<'a> Ir<'a> {
             gradient_generators,
             in_version_history: hist(read_order, reads),
             out_version_history: hist(write_order, writes),
+        }
+    }
+}
+
+/// For each position of a list of `(blob, version)` pairs, the earlier position of the same
+/// blob, if any (a scan for short lists, a table for long ones).
+struct FirstOccurrences {
+    table: Option<Vec<Option<usize>>>,
+}
+
+impl FirstOccurrences {
+    fn new(pairs: &[(BlobId, u32)]) -> Self {
+        if pairs.len() <= 16 {
+            return FirstOccurrences { table: None };
+        }
+        let mut first: FxMap<BlobId, usize> = FxMap::default();
+        let table = pairs
+            .iter()
+            .enumerate()
+            .map(|(p, &(id, _))| match first.get(&id) {
+                Some(&e) => Some(e),
+                None => {
+                    first.insert(id, p);
+                    None
+                }
+            })
+            .collect();
+        FirstOccurrences { table: Some(table) }
+    }
+
+    /// The first position before `p` holding the same blob as `pairs[p]` (`pairs` being the
+    /// list given to [`FirstOccurrences::new`]).
+    fn earlier(&self, pairs: &[(BlobId, u32)], p: usize) -> Option<usize> {
+        match &self.table {
+            Some(t) => t[p],
+            None => pairs[..p].iter().position(|q| q.0 == pairs[p].0),
         }
     }
 }
