@@ -5,12 +5,13 @@
 
 use std::sync::Arc;
 
-use ferrocaffe::autodiff::net_bytes::{decode_ops_from, encode_ops_as_net};
+use ferrocaffe::autodiff::net_bytes::{
+    backward_pass_net_bytes, backward_pass_op_bytes, encode_ops_as_net, Extras,
+};
 use ferrocaffe::autodiff::{
     gradient_for_op as core_gradient_for_op, BackwardOptions, Generator, GradRef, GradientContext,
     GradientMaker, GradientOutput, Ir, IrState, NetNames, Registry, UsedNetNames,
 };
-use ferrocaffe::graph::FxHashMap;
 use ferrocaffe::proto::{self, DeviceOption, OperatorDef};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -240,12 +241,12 @@ fn state_to_py<'py>(py: Python<'py>, s: IrState) -> PyResult<Bound<'py, PyAny>> 
 }
 
 /// The serialized gradient ops, the gradient map, the IR state if asked for, and the output
-/// names of the gradient ops if asked for (each name once, in order of first appearance).
+/// names of the gradient ops if asked for.
 type BackwardResult = (
     Vec<u8>,
     Vec<(String, GradRef)>,
     Option<IrState>,
-    Option<Vec<String>>,
+    Option<OutputNames>,
 );
 
 /// Where the forward ops come from: one serialized OperatorDef each, or a serialized NetDef
@@ -253,15 +254,6 @@ type BackwardResult = (
 enum Forward {
     Ops(Vec<PyBackedBytes>),
     Net(PyBackedBytes, usize),
-}
-
-impl Forward {
-    fn decode(&self) -> ferrocaffe::Result<Vec<OperatorDef>> {
-        match self {
-            Forward::Ops(ops) => decode_ops(ops),
-            Forward::Net(bytes, skip) => decode_ops_from(bytes, *skip),
-        }
-    }
 }
 
 /// Runs a backward pass with the GIL released.
@@ -274,25 +266,25 @@ fn run_backward(
     with_outputs: bool,
 ) -> PyResult<BackwardResult> {
     let result: ferrocaffe::Result<BackwardResult> = py.detach(|| {
-        let ops = forward.decode()?;
         let mut cx = GradientContext {
             registry: &s.registry,
             net_names: s.names.as_mut(),
             options: &s.options,
         };
-        let mut ir = Ir::new(&ops)?;
-        if !with_state {
-            ir.skip_unused_generators();
-        }
-        let (grad_ops, grad_map) = ir.backward(&ys, &mut cx)?;
-        let state = with_state.then(|| ir.state());
-        let outputs = with_outputs.then(|| output_names(&grad_ops));
-        Ok((
-            net_bytes(grad_ops),
-            grad_map.into_entries(),
-            state,
-            outputs,
-        ))
+        let extras = Extras {
+            state: with_state,
+            output_names: with_outputs,
+        };
+        let out = match &forward {
+            Forward::Ops(ops) => backward_pass_op_bytes(ops, &ys, &mut cx, extras)?,
+            Forward::Net(bytes, skip) => {
+                backward_pass_net_bytes(bytes, *skip, &ys, &mut cx, extras)?
+            }
+        };
+        let outputs = out
+            .output_names
+            .map(|(text, ends)| OutputNames { text, ends });
+        Ok((out.net, out.grads.into_entries(), out.state, outputs))
     });
     result.py()
 }
@@ -303,39 +295,18 @@ fn ys_from_py(ys: &[(String, Bound<'_, PyAny>)]) -> PyResult<Vec<(String, GradRe
         .collect()
 }
 
-/// Every output name of `ops`, once, in order of first appearance.
-fn output_names(ops: &[OperatorDef]) -> Vec<String> {
-    let mut seen: FxHashMap<&str, ()> = FxHashMap::default();
-    seen.reserve(ops.len() * 2);
-    let mut out = Vec::with_capacity(ops.len() * 2);
-    for op in ops {
-        for o in &op.output {
-            if seen.insert(o.as_str(), ()).is_none() {
-                out.push(o.clone());
-            }
-        }
-    }
-    out
+/// Names concatenated, with the end of each.
+struct OutputNames {
+    text: String,
+    ends: Vec<usize>,
 }
 
-/// One Python string per distinct name of a result.
-struct Strings<'py, 'a> {
-    py: Python<'py>,
-    map: FxHashMap<&'a str, Bound<'py, PyString>>,
-}
-
-impl<'py, 'a> Strings<'py, 'a> {
-    fn new(py: Python<'py>, capacity: usize) -> Self {
-        let mut map = FxHashMap::default();
-        map.reserve(capacity);
-        Strings { py, map }
-    }
-
-    fn get(&mut self, name: &'a str) -> Bound<'py, PyString> {
-        self.map
-            .entry(name)
-            .or_insert_with(|| PyString::new(self.py, name))
-            .clone()
+impl OutputNames {
+    fn iter(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        (0..self.ends.len()).map(|k| {
+            let start = if k == 0 { 0 } else { self.ends[k - 1] };
+            &self.text[start..self.ends[k]]
+        })
     }
 }
 
@@ -399,17 +370,16 @@ impl<'py> BlobRefs<'py> {
 /// The gradient map as a dict: names, and `slice_type(indices, values)` for sparse gradients
 /// (`(indices, values)` tuples without `slice_type`); with `blob_ref`, every name (keys
 /// included) is a `BlobReference` of that class.
-fn grad_map_to_py<'py, 'a>(
+fn grad_map_to_py<'py>(
     py: Python<'py>,
-    grad_map: &'a [(String, GradRef)],
+    grad_map: &[(String, GradRef)],
     slice_type: Option<&Bound<'py, PyAny>>,
     blob_ref: Option<&Bound<'py, PyType>>,
-    strings: &mut Strings<'py, 'a>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     let refs = blob_ref.map(BlobRefs::new).transpose()?;
-    let mut name = |n: &'a str| -> PyResult<Bound<'py, PyAny>> {
-        let s = strings.get(n);
+    let name = |n: &str| -> PyResult<Bound<'py, PyAny>> {
+        let s = PyString::new(py, n);
         match &refs {
             Some(r) => r.make(s),
             None => Ok(s.into_any()),
@@ -468,16 +438,9 @@ fn backward_pass<'py>(
         Some(st) => state_to_py(py, st)?,
         None => py.None().into_bound(py),
     };
-    let mut strings = Strings::new(py, grad_map.len() * 2);
     Ok((
         PyBytes::new(py, &bytes),
-        grad_map_to_py(
-            py,
-            &grad_map,
-            slice_type.as_ref(),
-            blob_ref.as_ref(),
-            &mut strings,
-        )?,
+        grad_map_to_py(py, &grad_map, slice_type.as_ref(), blob_ref.as_ref())?,
         state,
     ))
 }
@@ -516,21 +479,13 @@ fn backward_pass_net<'py>(
     )?;
     let (bytes, grad_map, _, outputs) =
         run_backward(py, Forward::Net(net, skip), ys, s, false, with_outputs)?;
-    let n_outputs = outputs.as_ref().map_or(0, Vec::len);
-    let mut strings = Strings::new(py, grad_map.len() * 2 + n_outputs);
     let outputs = match &outputs {
-        Some(names) => PyList::new(py, names.iter().map(|n| strings.get(n)))?.into_any(),
+        Some(names) => PyList::new(py, names.iter())?.into_any(),
         None => py.None().into_bound(py),
     };
     Ok((
         PyBytes::new(py, &bytes),
-        grad_map_to_py(
-            py,
-            &grad_map,
-            slice_type.as_ref(),
-            blob_ref.as_ref(),
-            &mut strings,
-        )?,
+        grad_map_to_py(py, &grad_map, slice_type.as_ref(), blob_ref.as_ref())?,
         outputs,
     ))
 }

@@ -26,6 +26,8 @@
 pub mod accumulate;
 pub mod control;
 pub mod dispatch;
+mod forward;
+pub mod grad_ops;
 pub mod intern;
 pub mod ir;
 mod lookup;

@@ -4,9 +4,155 @@
 
 use prost::Message;
 
+use super::forward::WireOps;
+use super::ir::{GradMap, Ir, IrState};
+use super::maker::{GradRef, GradientContext};
 use crate::error::Result;
 use crate::graph::wire;
 use crate::proto::{self, NetDef, OperatorDef};
+
+/// What a backward pass over serialized ops gives.
+#[derive(Debug, Clone, Default)]
+pub struct SerializedBackward {
+    /// The gradient ops as a serialized `caffe2.NetDef` with only its `op` field set.
+    pub net: Vec<u8>,
+    /// The gradient of every blob that has one.
+    pub grads: GradMap,
+    /// The IR state, when it was asked for.
+    pub state: Option<IrState>,
+    /// The output names of the gradient ops when they were asked for (every write, in no
+    /// particular order): the names concatenated, and where each one ends.
+    pub output_names: Option<(String, Vec<usize>)>,
+}
+
+/// What to compute besides the gradient ops and map.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Extras {
+    /// The IR state ([`Ir::state`]).
+    pub state: bool,
+    /// The output names of the gradient ops.
+    pub output_names: bool,
+}
+
+/// The backward pass of the ops of the serialized `caffe2.NetDef` `bytes` from index `skip`
+/// on (Caffe2's `Net.AddGradientOperators(ys, skip)`).
+///
+/// The result and the errors are those of decoding the ops ([`decode_ops_from`]) and running
+/// [`super::backward_pass_in`] on them. A well-formed net whose op types have no gradient
+/// function (nothing that could call back into user code) is read in place instead: names are
+/// borrowed from the bytes and each op is decoded only while its gradient is made. Should
+/// anything fail that way, the pass is run again the plain way, which reports the error.
+pub fn backward_pass_net_bytes(
+    bytes: &[u8],
+    skip: usize,
+    ys: &[(String, GradRef)],
+    cx: &mut GradientContext<'_>,
+    extras: Extras,
+) -> Result<SerializedBackward> {
+    if let Some(split) = well_formed_entries(bytes, skip) {
+        let items = split.into_iter().map(|r| &bytes[r]).collect();
+        if let Some(out) = wire_backward(WireOps::net_entries(items), ys, cx, extras) {
+            return Ok(out);
+        }
+    }
+    let ops = decode_ops_from(bytes, skip)?;
+    decoded_backward(&ops, ys, cx, extras)
+}
+
+/// The backward pass of serialized `caffe2.OperatorDef`s (Caffe2's
+/// `GradientRegistry.GetBackwardPass`), read in place as in [`backward_pass_net_bytes`]. The
+/// result and the errors are those of decoding every op (`proto::decode`; an error names the
+/// op's position) and playing the decoded ops.
+pub fn backward_pass_op_bytes<B: AsRef<[u8]>>(
+    ops: &[B],
+    ys: &[(String, GradRef)],
+    cx: &mut GradientContext<'_>,
+    extras: Extras,
+) -> Result<SerializedBackward> {
+    let items = ops.iter().map(AsRef::as_ref).collect();
+    if let Some(out) = wire_backward(WireOps::operators(items), ys, cx, extras) {
+        return Ok(out);
+    }
+    let mut decoded = Vec::with_capacity(ops.len());
+    for (k, b) in ops.iter().enumerate() {
+        decoded.push(
+            proto::decode::<OperatorDef>(b.as_ref()).map_err(|e| match e {
+                crate::Error::Decode { message, reason } => crate::Error::Decode {
+                    message,
+                    reason: format!("operator {k} of the list: {reason}"),
+                },
+                other => other,
+            })?,
+        );
+    }
+    decoded_backward(&decoded, ys, cx, extras)
+}
+
+fn run<'a>(
+    mut ir: Ir<'a>,
+    ys: &'a [(String, GradRef)],
+    cx: &mut GradientContext<'_>,
+    extras: Extras,
+) -> Result<(Ir<'a>, SerializedBackward)> {
+    if !extras.state {
+        ir.skip_unused_generators();
+    }
+    let (net, grads, output_names) = ir.backward_serialized(ys, cx, extras.output_names)?;
+    let out = SerializedBackward {
+        net,
+        grads,
+        state: None,
+        output_names,
+    };
+    Ok((ir, out))
+}
+
+fn decoded_backward(
+    ops: &[OperatorDef],
+    ys: &[(String, GradRef)],
+    cx: &mut GradientContext<'_>,
+    extras: Extras,
+) -> Result<SerializedBackward> {
+    let (ir, mut out) = run(Ir::new(ops)?, ys, cx, extras)?;
+    out.state = extras.state.then(|| ir.state());
+    Ok(out)
+}
+
+/// The backward pass over ops read in place; `None` if it cannot be used or anything fails.
+fn wire_backward(
+    wire: WireOps<'_>,
+    ys: &[(String, GradRef)],
+    cx: &mut GradientContext<'_>,
+    extras: Extras,
+) -> Option<SerializedBackward> {
+    let ir = Ir::from_wire(wire, ys.len())?;
+    // Gradient functions (Python ones, control ops) may have effects that a second run
+    // would repeat: those nets take the plain path only.
+    if (0..ir.num_ops()).any(|k| cx.registry.function(ir.op_type(k)).is_some()) {
+        return None;
+    }
+    let (ir, mut out) = run(ir, ys, cx, extras).ok()?;
+    ir.check_undecoded().ok()?;
+    out.state = extras.state.then(|| ir.state());
+    Some(out)
+}
+
+/// The byte ranges of the `op` entries from `skip` on, if the whole net decodes strictly:
+/// its other fields and the ops before `skip` are checked here (they are small, or skipped
+/// ops), the wanted ops while the backward pass decodes them.
+fn well_formed_entries(bytes: &[u8], skip: usize) -> Option<Vec<std::ops::Range<usize>>> {
+    let mut split = wire::op_entries(bytes).ok()?;
+    let skip = skip.min(split.ops.len());
+    if skip > 0 || !split.others.is_empty() {
+        let mut rest: Vec<u8> = Vec::new();
+        for r in runs(&split.ops[..skip]).chain(runs(&split.others)) {
+            rest.extend_from_slice(&bytes[r]);
+        }
+        NetDef::decode(rest.as_slice()).ok()?;
+    }
+    split.ops.drain(..skip);
+    Some(split.ops)
+}
 
 /// The ops of the serialized `caffe2.NetDef` `bytes` from index `skip` on (all of them when
 /// `skip` is 0; none when `skip` is past the end).
