@@ -243,6 +243,31 @@ def _ys_items(ys):
     raise TypeError("ys should either be a list or a dict.")
 
 
+_NATIVE_BLOB_REF = []
+
+
+def _native_blob_ref():
+    """``BlobReference`` when ``BlobReference(name)`` only sets ``_name`` (the name),
+    ``_from_net`` (None) and ``meta`` ({}): the native code then builds the references of the
+    gradient map itself, the same objects without a Python call each. None otherwise (the map
+    comes back with names and ``_wrap_map`` converts it)."""
+    if not _NATIVE_BLOB_REF:
+        cls = _BlobReference
+        ok = False
+        if cls is not None and cls.__new__ is object.__new__:
+            try:
+                probe = cls("probe")
+                ok = type(probe) is cls and list(vars(probe).items()) == [
+                    ("_name", "probe"),
+                    ("_from_net", None),
+                    ("meta", {}),
+                ]
+            except Exception:  # noqa: BLE001 - any surprise means: use the Python path
+                ok = False
+        _NATIVE_BLOB_REF.append(cls if ok else None)
+    return _NATIVE_BLOB_REF[0]
+
+
 def _wrap_map(grads):
     """The gradient map as Caffe2 returned it: BlobReferences (once core.blob has them)."""
     if _BlobReference is None:
@@ -262,6 +287,7 @@ def _backward(operators, ys, with_state, functions=None):
     ns, dev = _scopes()
     if functions is None:
         functions = GradientRegistry._functions()
+    blob_ref = _native_blob_ref()
     with _no_gc():
         ops_bytes = [op.SerializeToString() for op in operators]
         net_bytes, grads, state = _native.backward_pass(
@@ -274,21 +300,25 @@ def _backward(operators, ys, with_state, functions=None):
             dev,
             with_state,
             GradientSlice,
+            blob_ref,
         )
         grad_ops = _ops_from_net(net_bytes)
-        grads = _wrap_map(grads)
+        if blob_ref is None:
+            grads = _wrap_map(grads)
     return grad_ops, grads, state
 
 
-def add_gradient_operators(net_proto, ys, skip=0):
+def add_gradient_operators(net_proto, ys, skip=0, outputs=None):
     """Appends the gradient ops of ``net_proto.op[skip:]`` to the NetDef ``net_proto`` and
     returns the gradient map: what ``core.Net.AddGradientOperators(ys, skip)`` does, without
     creating a Python object per operator (the net crosses to Rust and back as one message).
+    With ``outputs`` (a set), the output names of the gradient ops are added to it.
     """
     items = _ys_items(ys)
     ns, dev = _scopes()
+    blob_ref = _native_blob_ref()
     with _no_gc():
-        grad_net, grads = _native.backward_pass_net(
+        grad_net, grads, names = _native.backward_pass_net(
             net_proto.SerializeToString(),
             skip,
             items,
@@ -298,9 +328,14 @@ def add_gradient_operators(net_proto, ys, skip=0):
             ns,
             dev,
             GradientSlice,
+            blob_ref,
+            outputs is not None,
         )
         net_proto.MergeFromString(grad_net)
-        grads = _wrap_map(grads)
+        if blob_ref is None:
+            grads = _wrap_map(grads)
+        if outputs is not None:
+            outputs.update(names)
     return grads
 
 

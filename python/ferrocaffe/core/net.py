@@ -535,11 +535,7 @@ class Net:
         or a dict blob -> given gradient / None) and return the blob -> gradient map."""
         from ferrocaffe.core.gradients import add_gradient_operators
 
-        first_new = len(self._net.op)
-        input_to_grad = add_gradient_operators(self._net, ys, skip)
-        for op in self._net.op[first_new:]:
-            self._op_outputs.update(op.output)
-        return input_to_grad
+        return add_gradient_operators(self._net, ys, skip, outputs=self._op_outputs)
 
 
 def _run_all_on_gpu(net, gpu_id, use_cudnn):

@@ -5,15 +5,18 @@
 
 use std::sync::Arc;
 
+use ferrocaffe::autodiff::net_bytes::{
+    backward_pass_net_bytes, backward_pass_op_bytes, encode_ops_as_net, Extras,
+};
 use ferrocaffe::autodiff::{
     gradient_for_op as core_gradient_for_op, BackwardOptions, Generator, GradRef, GradientContext,
     GradientMaker, GradientOutput, Ir, IrState, NetNames, Registry, UsedNetNames,
 };
-use ferrocaffe::proto::{self, DeviceOption, NetDef, OperatorDef};
+use ferrocaffe::proto::{self, DeviceOption, OperatorDef};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 
 use crate::errors::IntoPy;
 
@@ -175,10 +178,7 @@ fn decode_ops(ops: &[PyBackedBytes]) -> ferrocaffe::Result<Vec<OperatorDef>> {
 }
 
 fn net_bytes(ops: Vec<OperatorDef>) -> Vec<u8> {
-    proto::encode(&NetDef {
-        op: ops,
-        ..Default::default()
-    })
+    encode_ops_as_net(&ops)
 }
 
 fn generator_to_py<'py>(py: Python<'py>, g: &Generator) -> PyResult<Bound<'py, PyTuple>> {
@@ -240,27 +240,20 @@ fn state_to_py<'py>(py: Python<'py>, s: IrState) -> PyResult<Bound<'py, PyAny>> 
     Ok(d.into_any())
 }
 
-type BackwardResult = (Vec<u8>, Vec<(String, GradRef)>, Option<IrState>);
+/// The serialized gradient ops, the gradient map, the IR state if asked for, and the output
+/// names of the gradient ops if asked for.
+type BackwardResult = (
+    Vec<u8>,
+    Vec<(String, GradRef)>,
+    Option<IrState>,
+    Option<OutputNames>,
+);
 
 /// Where the forward ops come from: one serialized OperatorDef each, or a serialized NetDef
 /// whose ops from `skip` on are used.
 enum Forward {
     Ops(Vec<PyBackedBytes>),
     Net(PyBackedBytes, usize),
-}
-
-impl Forward {
-    fn decode(&self) -> ferrocaffe::Result<Vec<OperatorDef>> {
-        match self {
-            Forward::Ops(ops) => decode_ops(ops),
-            Forward::Net(bytes, skip) => {
-                let mut net = proto::decode::<NetDef>(bytes)?;
-                let skip = (*skip).min(net.op.len());
-                net.op.drain(..skip);
-                Ok(net.op)
-            }
-        }
-    }
 }
 
 /// Runs a backward pass with the GIL released.
@@ -270,18 +263,28 @@ fn run_backward(
     ys: Vec<(String, GradRef)>,
     mut s: Setup,
     with_state: bool,
+    with_outputs: bool,
 ) -> PyResult<BackwardResult> {
     let result: ferrocaffe::Result<BackwardResult> = py.detach(|| {
-        let ops = forward.decode()?;
         let mut cx = GradientContext {
             registry: &s.registry,
             net_names: s.names.as_mut(),
             options: &s.options,
         };
-        let mut ir = Ir::new(&ops)?;
-        let (grad_ops, grad_map) = ir.backward(&ys, &mut cx)?;
-        let state = with_state.then(|| ir.state());
-        Ok((net_bytes(grad_ops), grad_map.into_entries(), state))
+        let extras = Extras {
+            state: with_state,
+            output_names: with_outputs,
+        };
+        let out = match &forward {
+            Forward::Ops(ops) => backward_pass_op_bytes(ops, &ys, &mut cx, extras)?,
+            Forward::Net(bytes, skip) => {
+                backward_pass_net_bytes(bytes, *skip, &ys, &mut cx, extras)?
+            }
+        };
+        let outputs = out
+            .output_names
+            .map(|(text, ends)| OutputNames { text, ends });
+        Ok((out.net, out.grads.into_entries(), out.state, outputs))
     });
     result.py()
 }
@@ -292,21 +295,110 @@ fn ys_from_py(ys: &[(String, Bound<'_, PyAny>)]) -> PyResult<Vec<(String, GradRe
         .collect()
 }
 
+/// Names concatenated, with the end of each.
+struct OutputNames {
+    text: String,
+    ends: Vec<usize>,
+}
+
+impl OutputNames {
+    fn iter(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        (0..self.ends.len()).map(|k| {
+            let start = if k == 0 { 0 } else { self.ends[k - 1] };
+            &self.text[start..self.ends[k]]
+        })
+    }
+}
+
+/// Builds `BlobReference(name)` objects: `cls.__new__(cls)` plus the attributes that
+/// `BlobReference.__init__` sets for a plain name (`_name`, `_from_net = None`, `meta = {}`),
+/// without a Python call per object. The Python caller passes the class only after checking
+/// that `cls.__new__` is `object.__new__` and that its `__init__` sets exactly those.
+struct BlobRefs<'py> {
+    py: Python<'py>,
+    cls: Bound<'py, PyType>,
+    new: pyo3::ffi::newfunc,
+    no_args: Bound<'py, PyTuple>,
+    name: Bound<'py, PyString>,
+    from_net: Bound<'py, PyString>,
+    meta: Bound<'py, PyString>,
+}
+
+impl<'py> BlobRefs<'py> {
+    fn new(cls: &Bound<'py, PyType>) -> PyResult<Self> {
+        let py = cls.py();
+        // SAFETY: `cls` is a live type object; `PyType_GetSlot` returns its `tp_new` (or null).
+        let slot = unsafe { pyo3::ffi::PyType_GetSlot(cls.as_type_ptr(), pyo3::ffi::Py_tp_new) };
+        if slot.is_null() {
+            return Err(PyTypeError::new_err(format!(
+                "{} cannot be instantiated",
+                cls.name()?
+            )));
+        }
+        // SAFETY: the `Py_tp_new` slot holds a `newfunc`.
+        let new: pyo3::ffi::newfunc = unsafe { std::mem::transmute(slot) };
+        Ok(BlobRefs {
+            py,
+            cls: cls.clone(),
+            new,
+            no_args: PyTuple::empty(py),
+            name: PyString::intern(py, "_name"),
+            from_net: PyString::intern(py, "_from_net"),
+            meta: PyString::intern(py, "meta"),
+        })
+    }
+
+    fn make(&self, name: Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: calling the type's own `tp_new` with an empty argument tuple and no keywords
+        // is what `cls.__new__(cls)` does; the result is a new reference or null with an
+        // exception set.
+        let obj = unsafe {
+            let ptr = (self.new)(
+                self.cls.as_type_ptr(),
+                self.no_args.as_ptr(),
+                std::ptr::null_mut(),
+            );
+            Bound::from_owned_ptr_or_err(self.py, ptr)?
+        };
+        obj.setattr(&self.name, name)?;
+        obj.setattr(&self.from_net, self.py.None())?;
+        obj.setattr(&self.meta, PyDict::new(self.py))?;
+        Ok(obj)
+    }
+}
+
 /// The gradient map as a dict: names, and `slice_type(indices, values)` for sparse gradients
-/// (`(indices, values)` tuples without `slice_type`).
+/// (`(indices, values)` tuples without `slice_type`); with `blob_ref`, every name (keys
+/// included) is a `BlobReference` of that class.
 fn grad_map_to_py<'py>(
     py: Python<'py>,
     grad_map: &[(String, GradRef)],
     slice_type: Option<&Bound<'py, PyAny>>,
+    blob_ref: Option<&Bound<'py, PyType>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    for (b, g) in grad_map {
-        match (g, slice_type) {
-            (GradRef::Sparse { indices, values }, Some(t)) => {
-                d.set_item(b, t.call1((indices, values))?)?
-            }
-            _ => d.set_item(b, grad_to_py(py, g)?)?,
+    let refs = blob_ref.map(BlobRefs::new).transpose()?;
+    let name = |n: &str| -> PyResult<Bound<'py, PyAny>> {
+        let s = PyString::new(py, n);
+        match &refs {
+            Some(r) => r.make(s),
+            None => Ok(s.into_any()),
         }
+    };
+    for (b, g) in grad_map {
+        let key = name(b)?;
+        let value = match g {
+            GradRef::None => py.None().into_bound(py),
+            GradRef::Dense(n) => name(n)?,
+            GradRef::Sparse { indices, values } => {
+                let (i, v) = (name(indices)?, name(values)?);
+                match slice_type {
+                    Some(t) => t.call1((i, v))?,
+                    None => PyTuple::new(py, [i, v])?.into_any(),
+                }
+            }
+        };
+        d.set_item(key, value)?;
     }
     Ok(d)
 }
@@ -316,7 +408,7 @@ fn grad_map_to_py<'py>(
 #[pyfunction]
 #[pyo3(signature = (ops, ys, functions=Vec::new(), adapter=None, next_net_name=None,
                     name_scope=String::new(), device_scope=None, with_state=false,
-                    slice_type=None))]
+                    slice_type=None, blob_ref=None))]
 #[allow(clippy::too_many_arguments)]
 fn backward_pass<'py>(
     py: Python<'py>,
@@ -329,6 +421,7 @@ fn backward_pass<'py>(
     device_scope: Option<PyBackedBytes>,
     with_state: bool,
     slice_type: Option<Bound<'py, PyAny>>,
+    blob_ref: Option<Bound<'py, PyType>>,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>, Bound<'py, PyAny>)> {
     let ys = ys_from_py(&ys)?;
     let s = setup(
@@ -339,23 +432,27 @@ fn backward_pass<'py>(
         name_scope,
         device_scope,
     )?;
-    let (bytes, grad_map, state) = run_backward(py, Forward::Ops(ops), ys, s, with_state)?;
+    let (bytes, grad_map, state, _) =
+        run_backward(py, Forward::Ops(ops), ys, s, with_state, false)?;
     let state = match state {
         Some(st) => state_to_py(py, st)?,
         None => py.None().into_bound(py),
     };
     Ok((
         PyBytes::new(py, &bytes),
-        grad_map_to_py(py, &grad_map, slice_type.as_ref())?,
+        grad_map_to_py(py, &grad_map, slice_type.as_ref(), blob_ref.as_ref())?,
         state,
     ))
 }
 
 /// The backward pass of the ops of a serialized NetDef from `skip` on: `(serialized NetDef
-/// holding only the gradient ops, {blob: gradient})`.
+/// holding only the gradient ops, {blob: gradient}, output names of the gradient ops or None)`.
+/// With `blob_ref`, the names of the map are `BlobReference`s of that class; with
+/// `with_outputs`, the third item lists every output name of the gradient ops once.
 #[pyfunction]
 #[pyo3(signature = (net, skip, ys, functions=Vec::new(), adapter=None, next_net_name=None,
-                    name_scope=String::new(), device_scope=None, slice_type=None))]
+                    name_scope=String::new(), device_scope=None, slice_type=None,
+                    blob_ref=None, with_outputs=false))]
 #[allow(clippy::too_many_arguments)]
 fn backward_pass_net<'py>(
     py: Python<'py>,
@@ -368,7 +465,9 @@ fn backward_pass_net<'py>(
     name_scope: String,
     device_scope: Option<PyBackedBytes>,
     slice_type: Option<Bound<'py, PyAny>>,
-) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>)> {
+    blob_ref: Option<Bound<'py, PyType>>,
+    with_outputs: bool,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>, Bound<'py, PyAny>)> {
     let ys = ys_from_py(&ys)?;
     let s = setup(
         py,
@@ -378,10 +477,16 @@ fn backward_pass_net<'py>(
         name_scope,
         device_scope,
     )?;
-    let (bytes, grad_map, _) = run_backward(py, Forward::Net(net, skip), ys, s, false)?;
+    let (bytes, grad_map, _, outputs) =
+        run_backward(py, Forward::Net(net, skip), ys, s, false, with_outputs)?;
+    let outputs = match &outputs {
+        Some(names) => PyList::new(py, names.iter())?.into_any(),
+        None => py.None().into_bound(py),
+    };
     Ok((
         PyBytes::new(py, &bytes),
-        grad_map_to_py(py, &grad_map, slice_type.as_ref())?,
+        grad_map_to_py(py, &grad_map, slice_type.as_ref(), blob_ref.as_ref())?,
+        outputs,
     ))
 }
 

@@ -4,6 +4,9 @@
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod autodiff;
 mod errors;
 mod graph;

@@ -8,6 +8,7 @@
 //! The accumulation ops take the device option of the first generator and the
 //! `is_auto_gen_sum_ops:1` tag.
 
+use super::grad_ops::GradOpsAccess;
 use super::maker::GradRef;
 use super::scope::{int_arg, BackwardOptions};
 use crate::error::{Error, Result};
@@ -104,8 +105,8 @@ pub fn needs_sum(gens: &[Generator], input_name: &str) -> Result<bool> {
     Ok(true)
 }
 
-fn slot_name(ops: &[OperatorDef], (k, i): OpSlot) -> Result<String> {
-    ops.get(k)
+fn slot_name<O: GradOpsAccess + ?Sized>(ops: &O, (k, i): OpSlot) -> Result<String> {
+    ops.op(k)
         .and_then(|op| op.output.get(i))
         .cloned()
         .ok_or_else(|| {
@@ -123,7 +124,11 @@ fn remove_suffix(s: String, suffix: &str) -> String {
 }
 
 /// Caffe2's `_GetSumOpOutputName`.
-fn sum_output_name(gens: &[Generator], ops: &[OperatorDef], input_name: &str) -> Result<String> {
+fn sum_output_name<O: GradOpsAccess + ?Sized>(
+    gens: &[Generator],
+    ops: &O,
+    input_name: &str,
+) -> Result<String> {
     for g in gens {
         match g {
             Generator::Dense { op: Some(slot), .. } => return slot_name(ops, *slot),
@@ -147,10 +152,18 @@ fn sum_output_name(gens: &[Generator], ops: &[OperatorDef], input_name: &str) ->
 
 /// Renames output `idx` of gradient op `k` to `_<name>_autosplit_<cnt>` (inside the branch
 /// nets too for an `If`); returns the new name and the next counter.
-fn disambiguate(ops: &mut [OperatorDef], (k, idx): OpSlot, cnt: usize) -> Result<(String, usize)> {
+fn disambiguate<O: GradOpsAccess + ?Sized>(
+    ops: &mut O,
+    (k, idx): OpSlot,
+    cnt: usize,
+) -> Result<(String, usize)> {
     let old = slot_name(ops, (k, idx))?;
     let new = format!("_{old}_autosplit_{cnt}");
-    let op = &mut ops[k];
+    let Some(op) = ops.op_mut(k) else {
+        return Err(Error::Runtime(format!(
+            "gradient generator refers to gradient op {k}, which cannot be changed"
+        )));
+    };
     if op.r#type() == "If" {
         rename_in_if_branches(op, &old, &new);
     }
@@ -188,10 +201,10 @@ fn check_conflict(out_base: &str, g: &str) -> Result<()> {
 
 /// Caffe2's `_MakeSumOps`: the accumulation ops for the generators of one blob version and
 /// the accumulated gradient. Renames generator outputs in `ops` (the backward net so far).
-pub fn make_sum_ops(
+pub fn make_sum_ops<O: GradOpsAccess + ?Sized>(
     gens: &[Generator],
     input_name: &str,
-    ops: &mut [OperatorDef],
+    ops: &mut O,
     options: &BackwardOptions,
 ) -> Result<(Vec<OperatorDef>, GradRef)> {
     let out_base = sum_output_name(gens, ops, input_name)?;
@@ -220,10 +233,10 @@ pub fn make_sum_ops(
     Ok((sum_ops, grad))
 }
 
-fn dense_sum(
+fn dense_sum<O: GradOpsAccess + ?Sized>(
     gens: &[Generator],
     out_base: &str,
-    ops: &mut [OperatorDef],
+    ops: &mut O,
     options: &BackwardOptions,
 ) -> Result<(Vec<OperatorDef>, GradRef)> {
     let mut inputs = Vec::with_capacity(gens.len());
@@ -255,10 +268,10 @@ fn dense_sum(
     Ok((vec![sum], GradRef::Dense(out_base.to_string())))
 }
 
-fn sparse_sum(
+fn sparse_sum<O: GradOpsAccess + ?Sized>(
     gens: &[Generator],
     out_base: &str,
-    ops: &mut [OperatorDef],
+    ops: &mut O,
     options: &BackwardOptions,
 ) -> Result<(Vec<OperatorDef>, GradRef)> {
     let mut ind_inputs = Vec::with_capacity(gens.len());

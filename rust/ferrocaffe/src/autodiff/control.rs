@@ -275,6 +275,7 @@ fn subgradient_pass(
     cx: &mut GradientContext<'_>,
 ) -> Result<(Vec<OperatorDef>, NamePairs)> {
     let mut ir = Ir::new(ops)?;
+    ir.skip_unused_generators();
     let (grad_ops, grad_map) = ir.backward(init, cx)?;
     let names = grad_map
         .into_entries()

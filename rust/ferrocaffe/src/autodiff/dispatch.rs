@@ -17,8 +17,9 @@ pub fn gradient_for_op(
     cx: &mut GradientContext<'_>,
 ) -> Result<GradientOutput> {
     let op_type = op.r#type();
-    let native = match cx.registry.get(op_type).cloned() {
-        Some(kind) => match native_gradient(&kind, op, g_output, cx) {
+    let registry = cx.registry;
+    let native = match registry.get(op_type) {
+        Some(kind) => match native_gradient(kind, op, g_output, cx) {
             Ok(out) => return Ok(out),
             Err(reason) => reason,
         },
@@ -27,7 +28,7 @@ pub fn gradient_for_op(
              operator type {op_type}"
         ),
     };
-    match cx.registry.function(op_type).cloned() {
+    match registry.function(op_type) {
         Some(f) => {
             let out = f.make_in(op, g_output, cx)?;
             if out.input_grads.len() > op.input.len() {

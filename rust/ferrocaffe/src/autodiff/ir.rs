@@ -15,12 +15,15 @@ use std::sync::OnceLock;
 
 use super::accumulate::{self, Generator};
 use super::dispatch;
-use super::intern::{BlobId, FxBuild, FxMap, FxSet, Interner};
+use super::forward::{ForwardOps, WireOps};
+use super::grad_ops::GradOps;
+use super::intern::{BlobId, FxBuild, FxMap, FxSet};
 use super::lookup::{GradLookup, Lists, LocalOutputs, VersionIndex};
 use super::maker::{GradRef, GradientContext};
 use super::scope::float_arg;
 use super::text;
 use crate::error::{Error, Result};
+use crate::graph::Names;
 use crate::proto::OperatorDef;
 
 /// Suffix of the gradient seeds generated for `ys` without a given gradient.
@@ -131,12 +134,29 @@ impl GradTable {
         }
         *slot = Some(g);
     }
+
+    /// Moves the gradient of `id` out (no gradient if absent), leaving the entry present;
+    /// [`GradTable::put_back`] restores it.
+    fn take_value(&mut self, id: BlobId) -> GradRef {
+        match self.vals.get_mut(id as usize) {
+            Some(Some(g)) => std::mem::take(g),
+            _ => GradRef::None,
+        }
+    }
+
+    fn put_back(&mut self, id: BlobId, g: GradRef) {
+        if let Some(Some(slot)) = self.vals.get_mut(id as usize) {
+            *slot = g;
+        }
+    }
 }
 
 /// Caffe2's `IR`: the forward ops played into SSA form, ready for a backward pass.
 pub struct Ir<'a> {
-    ops: &'a [OperatorDef],
-    names: Interner<'a>,
+    ops: ForwardOps<'a>,
+    /// Serialized ops only: which ops were decoded (every op must be, once, to be checked).
+    decoded: Vec<bool>,
+    names: BlobNames,
     /// Per input position of every op (flattened): (blob, version read).
     ins: Vec<(BlobId, u32)>,
     /// Per input position: the slot of the version read.
@@ -164,6 +184,13 @@ pub struct Ir<'a> {
     generators: Lists<Generator>,
     /// Reused per op: which input gradients update the gradient table.
     apply: Vec<bool>,
+    /// Reused per op: the gradients of its outputs.
+    g_output: Vec<GradRef>,
+    /// Reused per op: the gradient ops that recorded generators refer to.
+    pins: Vec<usize>,
+    /// Whether every generator is recorded (for [`Ir::state`]), or only those of blob
+    /// versions that several ops read (all that gradient accumulation looks at).
+    all_generators: bool,
 }
 
 impl<'a> Ir<'a> {
@@ -179,15 +206,65 @@ impl<'a> Ir<'a> {
     pub fn unchecked(ops: &'a [OperatorDef]) -> Self {
         let n_ins: usize = ops.iter().map(|o| o.input.len()).sum();
         let n_outs: usize = ops.iter().map(|o| o.output.len()).sum();
+        let mut ir = Self::empty(ForwardOps::Decoded(ops), n_ins, n_outs);
+        let (mut ins, mut outs) = (Vec::new(), Vec::new());
+        for (k, op) in ops.iter().enumerate() {
+            ins.clear();
+            outs.clear();
+            ins.extend(op.input.iter().map(String::as_str));
+            outs.extend(op.output.iter().map(String::as_str));
+            ir.play(k, &ins, &outs);
+        }
+        ir.in_start.push(ir.ins.len());
+        ir.out_start.push(ir.outs.len());
+        ir
+    }
+
+    /// Plays serialized ops read in place (names borrowed from the bytes), with the
+    /// `StopGradient` check; `None` if an op is not plainly well-formed or the check fails
+    /// (the caller then decodes the ops and plays those, for the exact errors).
+    pub(crate) fn from_wire(mut wire: WireOps<'a>, size_hint: usize) -> Option<Self> {
+        // About 2.5 inputs and 1.5 outputs per op in typical nets (a hint only).
+        let n = wire.len();
+        let (mut ins, mut outs) = (Vec::new(), Vec::new());
+        let mut ir = Self::empty(ForwardOps::Decoded(&[]), n * 5 / 2, n * 3 / 2 + size_hint);
+        for k in 0..n {
+            ins.clear();
+            outs.clear();
+            wire.scan(k, &mut ins, &mut outs)?;
+            ir.play(k, &ins, &outs);
+        }
+        ir.in_start.push(ir.ins.len());
+        ir.out_start.push(ir.outs.len());
+        ir.decoded = vec![false; n];
+        ir.ops = ForwardOps::Wire(wire);
+        ir.sanity_check().ok()?;
+        Some(ir)
+    }
+
+    /// Decodes every serialized op that the backward pass did not decode, as decoding the
+    /// whole net would have (an error for a malformed one).
+    pub(crate) fn check_undecoded(&self) -> Result<()> {
+        for (k, &done) in self.decoded.iter().enumerate() {
+            if !done {
+                self.ops.op(k)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn empty(ops: ForwardOps<'a>, n_ins: usize, n_outs: usize) -> Self {
         let n_names = n_outs + n_ins / 2 + 8;
-        let mut ir = Ir {
+        let n_ops = ops.len();
+        Ir {
             ops,
-            names: Interner::with_capacity(n_names),
+            decoded: Vec::new(),
+            names: BlobNames(Names::with_capacity(n_names, n_names * 12)),
             ins: Vec::with_capacity(n_ins),
             in_slots: Vec::with_capacity(n_ins),
-            in_start: Vec::with_capacity(ops.len() + 1),
+            in_start: Vec::with_capacity(n_ops + 1),
             outs: Vec::with_capacity(n_outs),
-            out_start: Vec::with_capacity(ops.len() + 1),
+            out_start: Vec::with_capacity(n_ops + 1),
             frontier: Vec::with_capacity(n_names),
             read: Vec::with_capacity(n_names),
             cur_slot: Vec::with_capacity(n_names),
@@ -199,13 +276,10 @@ impl<'a> Ir<'a> {
             gf_order: Vec::new(),
             generators: Lists::with_capacity(n_outs + 8),
             apply: Vec::new(),
-        };
-        for k in 0..ops.len() {
-            ir.play(k);
+            g_output: Vec::new(),
+            pins: Vec::new(),
+            all_generators: true,
         }
-        ir.in_start.push(ir.ins.len());
-        ir.out_start.push(ir.outs.len());
-        ir
     }
 
     fn id(&mut self, name: &'a str) -> BlobId {
@@ -247,11 +321,10 @@ impl<'a> Ir<'a> {
         self.read[id as usize] = true;
     }
 
-    /// Caffe2's `IR.Play`.
-    fn play(&mut self, k: usize) {
-        let op = &self.ops[k];
+    /// Caffe2's `IR.Play` of op `k`, with these inputs and outputs.
+    fn play(&mut self, k: usize, inputs: &[&'a str], outputs: &[&'a str]) {
         self.in_start.push(self.ins.len());
-        for s in &op.input {
+        for &s in inputs {
             let id = self.id(s);
             let (v, slot) = self.current(id);
             self.ins.push((id, v));
@@ -260,7 +333,7 @@ impl<'a> Ir<'a> {
         }
         let start = self.outs.len();
         self.out_start.push(start);
-        for s in &op.output {
+        for &s in outputs {
             let id = self.id(s);
             let v = self.frontier[id as usize].map_or(0, |v| v + 1);
             self.new_version(id, v);
@@ -275,26 +348,44 @@ impl<'a> Ir<'a> {
 
     /// Caffe2's `IR.SanityCheck`: a `StopGradient` output that nothing reads is an error.
     pub fn sanity_check(&self) -> Result<()> {
-        for op in self.ops {
-            if op.r#type() != "StopGradient" {
+        for k in 0..self.ops.len() {
+            if self.ops.op_type(k) != "StopGradient" {
                 continue;
             }
-            let out = op.output.first().ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "StopGradient op has no output. Op:\n\n{}",
-                    text::op_text(op)
-                ))
-            })?;
-            let used = self.names.get(out).is_some_and(|id| self.read[id as usize]);
-            if !used {
+            let Some(&(id, _)) = self.outs_of(k).first() else {
                 return Err(Error::InvalidArgument(format!(
-                    "StopGradient's output '{out}' is orphan.\nYou typically want to specify \
+                    "StopGradient op has no output. Op:\n\n{}",
+                    self.op_text(k)
+                )));
+            };
+            if !self.read[id as usize] {
+                return Err(Error::InvalidArgument(format!(
+                    "StopGradient's output '{}' is orphan.\nYou typically want to specify \
                      same input and output for\nStopGradient. Op:\n\n{}",
-                    text::op_text(op)
+                    self.names.name(id),
+                    self.op_text(k)
                 )));
             }
         }
         Ok(())
+    }
+
+    /// Op `k` as text, for error messages.
+    fn op_text(&self, k: usize) -> String {
+        match self.ops.op(k) {
+            Ok(op) => text::op_text(&op),
+            Err(e) => format!("<operator {k}: {e}>"),
+        }
+    }
+
+    /// Number of forward ops.
+    pub fn num_ops(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// The type of forward op `k` (`""` when unset).
+    pub fn op_type(&self, k: usize) -> &'a str {
+        self.ops.op_type(k)
     }
 
     fn ins_of(&self, k: usize) -> &[(BlobId, u32)] {
@@ -322,7 +413,34 @@ impl<'a> Ir<'a> {
     }
 
     fn push_generator(&mut self, slot: u32, g: Generator) {
+        // The gradient ops a recorded generator refers to stay changeable.
+        match &g {
+            Generator::Dense {
+                op: Some((j, _)), ..
+            } => self.pins.push(*j),
+            Generator::Sparse {
+                indices_op,
+                values_op,
+                ..
+            } => self
+                .pins
+                .extend(indices_op.iter().chain(values_op).map(|s| s.0)),
+            Generator::Dense { op: None, .. } => {}
+        }
         self.generators.push(slot, g);
+    }
+
+    /// Records only the gradient generators that the backward pass itself needs (those of
+    /// blob versions read by several ops, which gradient accumulation sums), not all of them:
+    /// for a backward pass whose [`Ir::state`] is not looked at. The gradient ops and the
+    /// gradient map are the same either way.
+    pub fn skip_unused_generators(&mut self) {
+        self.all_generators = false;
+    }
+
+    /// Whether a dense generator of `slot` is recorded.
+    fn keeps_generator(&self, slot: u32) -> bool {
+        self.all_generators || self.usage_count[slot as usize] > 1
     }
 
     /// Caffe2's `IR.GetBackwardPass(ys)`: the gradient ops and the gradient of every blob.
@@ -335,6 +453,34 @@ impl<'a> Ir<'a> {
         ys: &'a [(String, GradRef)],
         cx: &mut GradientContext<'_>,
     ) -> Result<(Vec<OperatorDef>, GradMap)> {
+        let mut ops = GradOps::kept(self.ops.len() * 2 + ys.len());
+        let grads = self.backward_into(ys, cx, &mut ops)?;
+        Ok((ops.into_ops()?, grads))
+    }
+
+    /// [`Ir::backward`] with the gradient ops serialized as they are made: the serialized
+    /// `caffe2.NetDef` holding them (only its `op` field set), the gradient map, and with
+    /// `output_names` the output names of the gradient ops (every write, in no particular
+    /// order; the concatenated names and where each ends).
+    #[allow(clippy::type_complexity)]
+    pub fn backward_serialized(
+        &mut self,
+        ys: &'a [(String, GradRef)],
+        cx: &mut GradientContext<'_>,
+        output_names: bool,
+    ) -> Result<(Vec<u8>, GradMap, Option<(String, Vec<usize>)>)> {
+        let mut ops = GradOps::streamed(self.ops.len() + ys.len(), output_names);
+        let grads = self.backward_into(ys, cx, &mut ops)?;
+        let (bytes, names) = ops.finish();
+        Ok((bytes, grads, names))
+    }
+
+    fn backward_into(
+        &mut self,
+        ys: &'a [(String, GradRef)],
+        cx: &mut GradientContext<'_>,
+        all_ops: &mut GradOps,
+    ) -> Result<GradMap> {
         let mut uniq: Vec<(BlobId, &'a GradRef)> = Vec::with_capacity(ys.len());
         let mut pos: FxMap<BlobId, usize> = FxMap::default();
         for (y, g) in ys {
@@ -356,7 +502,6 @@ impl<'a> Ir<'a> {
         }
         self.gradient_frontier.resize(self.names.len(), None);
 
-        let mut all_ops: Vec<OperatorDef> = Vec::with_capacity(self.ops.len() * 2 + uniq.len());
         let mut grads = GradTable::new(self.names.len());
         for &(id, g) in &uniq {
             if g.is_some() {
@@ -372,7 +517,8 @@ impl<'a> Ir<'a> {
             );
             let gname = op.output[0].clone();
             let device_option = op.device_option.clone().unwrap_or_default();
-            all_ops.push(op);
+            // Its generator is recorded: the op may be renamed by an accumulation.
+            all_ops.push(op, true);
             grads.set(id, GradRef::Dense(gname.clone()));
             let slot = self.cur_slot[id as usize];
             self.push_generator(
@@ -386,8 +532,8 @@ impl<'a> Ir<'a> {
         }
 
         for k in (0..self.ops.len()).rev() {
-            self.generate_for_op(k, &mut grads, &mut all_ops, cx)?;
-            self.accumulate(k, &mut grads, &mut all_ops, cx)?;
+            self.generate_for_op(k, &mut grads, all_ops, cx)?;
+            self.accumulate(k, &mut grads, all_ops, cx)?;
         }
 
         let mut entries = Vec::with_capacity(grads.order.len());
@@ -398,7 +544,7 @@ impl<'a> Ir<'a> {
                 }
             }
         }
-        Ok((all_ops, GradMap::from_entries(entries)))
+        Ok(GradMap::from_entries(entries))
     }
 
     /// Caffe2's `_GenerateGradientsForForwardOp` (+ `BuildGradientGenerators`).
@@ -406,24 +552,48 @@ impl<'a> Ir<'a> {
         &mut self,
         k: usize,
         grads: &mut GradTable,
-        all_ops: &mut Vec<OperatorDef>,
+        all_ops: &mut GradOps,
         cx: &mut GradientContext<'_>,
     ) -> Result<()> {
-        let ops: &'a [OperatorDef] = self.ops;
-        let op = &ops[k];
-        let outs = self.outs_of(k);
+        // The output gradients are moved out of the table for the maker and put back right
+        // after (nothing reads the table in between); an output listed twice gets a copy.
+        let mut g_output = std::mem::take(&mut self.g_output);
+        g_output.clear();
+        let (o0, o1) = (self.out_start[k], self.out_start[k + 1]);
+        let firsts = FirstOccurrences::new(&self.outs[o0..o1]);
         let mut any = false;
-        let mut g_output: Vec<GradRef> = Vec::with_capacity(outs.len());
-        for &(id, _) in outs {
-            let g = grads.get(id).cloned().unwrap_or_default();
+        for p in o0..o1 {
+            let id = self.outs[p].0;
+            let g = match firsts.earlier(&self.outs[o0..o1], p - o0) {
+                Some(e) => g_output[e].clone(),
+                None => grads.take_value(id),
+            };
             any |= g.is_some();
             g_output.push(g);
         }
-        if !any && op.r#type() != "ZeroGradient" {
+        let put_back =
+            |grads: &mut GradTable, g_output: &mut Vec<GradRef>, outs: &[(BlobId, u32)]| {
+                for (p, &(id, _)) in outs.iter().enumerate() {
+                    if firsts.earlier(outs, p).is_none() {
+                        grads.put_back(id, std::mem::take(&mut g_output[p]));
+                    }
+                }
+            };
+        if !any && self.ops.op_type(k) != "ZeroGradient" {
+            put_back(grads, &mut g_output, &self.outs[o0..o1]);
+            self.g_output = g_output;
             return Ok(());
         }
-        let mut out = dispatch::gradient_for_op(op, &g_output, cx)?;
-        self.build_generators(k, &out.ops, &g_output, &out.input_grads, all_ops.len())?;
+        let op = self.ops.op(k)?;
+        if let Some(d) = self.decoded.get_mut(k) {
+            *d = true;
+        }
+        let mut out = dispatch::gradient_for_op(&op, &g_output, cx)?;
+        let base = all_ops.len();
+        self.pins.clear();
+        self.build_generators(k, &op, &out.ops, &g_output, &out.input_grads, base)?;
+        put_back(grads, &mut g_output, &self.outs[o0..o1]);
+        self.g_output = g_output;
 
         // Caffe2 decides every update against the table as it was before this op.
         let mut apply = std::mem::take(&mut self.apply);
@@ -441,23 +611,26 @@ impl<'a> Ir<'a> {
             }
         }
         self.apply = apply;
-        all_ops.append(&mut out.ops);
+        for (j, gop) in out.ops.drain(..).enumerate() {
+            let pinned = self.pins.contains(&(base + j));
+            all_ops.push(gop, pinned);
+        }
         Ok(())
     }
 
     /// Caffe2's `BuildGradientGenerators`: checks the gradient ops' inputs and records the
     /// generators of the input gradients. `base` is the index the first gradient op will have
     /// in the backward net.
+    #[allow(clippy::too_many_arguments)]
     fn build_generators(
         &mut self,
         k: usize,
+        op: &OperatorDef,
         grad_ops: &[OperatorDef],
         g_output: &[GradRef],
         g_input: &[GradRef],
         base: usize,
     ) -> Result<()> {
-        let ops: &'a [OperatorDef] = self.ops;
-        let op = &ops[k];
         if g_input.len() > op.input.len() {
             return Err(Error::Type(format!(
                 "the gradient of operator {} has {} input gradients for {} inputs",
@@ -485,10 +658,11 @@ impl<'a> Ir<'a> {
                 let Some(ii) = gi.get(o) else { continue };
                 let id = self.ins[start + ii].0;
                 let slot = self.in_slots[start + ii];
-                let device_option = gop.device_option.clone().unwrap_or_default();
+                let device_option = || gop.device_option.clone().unwrap_or_default();
                 let at = Some((base + j, i));
                 match &g_input[ii] {
                     GradRef::Sparse { indices, values } => {
+                        let device_option = device_option();
                         let (indices_op, values_op) =
                             if indices == o { (at, None) } else { (None, at) };
                         let gen = Generator::Sparse {
@@ -503,14 +677,16 @@ impl<'a> Ir<'a> {
                             None => sparse.push((id, slot, vec![gen])),
                         }
                     }
-                    GradRef::Dense(g) => self.push_generator(
-                        slot,
-                        Generator::Dense {
-                            op: at,
-                            gradient: g.clone(),
-                            device_option,
-                        },
-                    ),
+                    GradRef::Dense(g) => {
+                        if self.keeps_generator(slot) {
+                            let gen = Generator::Dense {
+                                op: at,
+                                gradient: g.clone(),
+                                device_option: device_option(),
+                            };
+                            self.push_generator(slot, gen);
+                        }
+                    }
                     GradRef::None => {}
                 }
             }
@@ -539,7 +715,7 @@ impl<'a> Ir<'a> {
                     }
                 }
                 GradRef::Dense(name) => {
-                    if !local.written(name) {
+                    if !local.written(name) && self.keeps_generator(slot) {
                         let gen = Generator::Dense {
                             op: None,
                             gradient: name.clone(),
@@ -595,8 +771,7 @@ impl<'a> Ir<'a> {
             }
             return Ok(());
         }
-        let op = &self.ops[k];
-        let out_hit = self.find_blob(s, &op.output, self.outs_of(k), outs);
+        let out_hit = self.find_blob(s, self.outs_of(k), outs);
         if let Some((id, over)) = out_hit {
             let cur = self.frontier_of(id);
             if cur != over {
@@ -608,7 +783,7 @@ impl<'a> Ir<'a> {
             }
             return Ok(());
         }
-        if let Some((id, iv)) = self.find_blob(s, &op.input, self.ins_of(k), ins) {
+        if let Some((id, iv)) = self.find_blob(s, self.ins_of(k), ins) {
             let cur = self.frontier_of(id);
             if cur != iv {
                 return Err(Error::Runtime(format!(
@@ -623,24 +798,23 @@ impl<'a> Ir<'a> {
             return Err(Error::Runtime(format!(
                 "Blob name \"{s}\" not in the scope of operator: {}\nand is not generated by \
                  any of the local gradient operators.",
-                text::op_text(&self.ops[k])
+                self.op_text(k)
             )));
         }
         Ok(())
     }
 
-    /// The blob `s` among one op's inputs or outputs (`names`, with their ids and versions in
-    /// `pairs`): string compares for small ops (no hashing, data already in cache), the id
-    /// index for large ones.
+    /// The blob `s` among one op's inputs or outputs (their ids and versions in `pairs`):
+    /// string compares for small ops (no hashing, data already in cache), the id index for
+    /// large ones.
     fn find_blob(
         &self,
         s: &str,
-        names: &[String],
         pairs: &[(BlobId, u32)],
         index: &VersionIndex<'_>,
     ) -> Option<(BlobId, u32)> {
-        if names.len() <= 16 {
-            return names.iter().position(|n| n == s).map(|p| pairs[p]);
+        if pairs.len() <= 16 {
+            return pairs.iter().find(|p| self.names.name(p.0) == s).copied();
         }
         let id = self.names.get(s)?;
         index.get(id).map(|v| (id, v))
@@ -650,15 +824,18 @@ impl<'a> Ir<'a> {
     /// the versioning for that one blob.
     fn history(&self, name: &str) -> (History, History) {
         let (mut reads, mut writes) = (Vec::new(), Vec::new());
+        let Some(id) = self.names.get(name) else {
+            return (reads, writes);
+        };
         let mut v: Option<u32> = None;
-        for (k, op) in self.ops.iter().enumerate() {
-            for i in &op.input {
-                if i == name {
+        for k in 0..self.ops.len() {
+            for &(i, _) in self.ins_of(k) {
+                if i == id {
                     reads.push((k, *v.get_or_insert(0)));
                 }
             }
-            for o in &op.output {
-                if o == name {
+            for &(o, _) in self.outs_of(k) {
+                if o == id {
                     let nv = v.map_or(0, |x| x + 1);
                     v = Some(nv);
                     writes.push((k, nv));
@@ -674,10 +851,7 @@ impl<'a> Ir<'a> {
              == Version history of blob [{name}]\n"
         );
         for (k, v) in self.history(name).1 {
-            s.push_str(&format!(
-                "Version (out) {v} <-- {}\n",
-                text::op_text(&self.ops[k])
-            ));
+            s.push_str(&format!("Version (out) {v} <-- {}\n", self.op_text(k)));
         }
         s
     }
@@ -688,10 +862,7 @@ impl<'a> Ir<'a> {
              == Version history of blob [{name}]\n"
         );
         for (k, v) in self.history(name).0 {
-            s.push_str(&format!(
-                "version (in) {v} <-- {}\n",
-                text::op_text(&self.ops[k])
-            ));
+            s.push_str(&format!("version (in) {v} <-- {}\n", self.op_text(k)));
         }
         s
     }
@@ -702,7 +873,7 @@ impl<'a> Ir<'a> {
         &self,
         k: usize,
         grads: &mut GradTable,
-        all_ops: &mut Vec<OperatorDef>,
+        all_ops: &mut GradOps,
         cx: &mut GradientContext<'_>,
     ) -> Result<()> {
         let ins = self.ins_of(k);
@@ -723,7 +894,10 @@ impl<'a> Ir<'a> {
                 continue;
             }
             let (sum_ops, g) = accumulate::make_sum_ops(&gens, name, all_ops, cx.options)?;
-            all_ops.extend(sum_ops);
+            // Generators refer to maker ops only: nothing renames an accumulation op.
+            for op in sum_ops {
+                all_ops.push(op, false);
+            }
             grads.set(id, g);
         }
         Ok(())
@@ -793,40 +967,34 @@ impl<'a> Ir<'a> {
                 (name(id), v, self.generators.iter(s).cloned().collect())
             })
             .collect();
-        let mut reads: FxMap<&str, Vec<(usize, u32)>> = FxMap::default();
-        let mut writes: FxMap<&str, Vec<(usize, u32)>> = FxMap::default();
+        // Version histories, replayed per blob as Caffe2 recorded them (an op writing a blob
+        // twice records two versions).
+        let n_names = self.names.len();
+        let mut current: Vec<Option<u32>> = vec![None; n_names];
+        let mut reads: Vec<Vec<(usize, u32)>> = vec![Vec::new(); n_names];
+        let mut writes: Vec<Vec<(usize, u32)>> = vec![Vec::new(); n_names];
         let (mut read_order, mut write_order) = (Vec::new(), Vec::new());
-        let mut current: FxMap<&str, u32> = FxMap::default();
-        for (k, op) in self.ops.iter().enumerate() {
-            for i in &op.input {
-                let v = *current.entry(i.as_str()).or_insert(0);
-                reads
-                    .entry(i.as_str())
-                    .or_insert_with(|| {
-                        read_order.push(i.as_str());
-                        Vec::new()
-                    })
-                    .push((k, v));
+        for k in 0..self.ops.len() {
+            for &(i, _) in self.ins_of(k) {
+                let v = *current[i as usize].get_or_insert(0);
+                if reads[i as usize].is_empty() {
+                    read_order.push(i);
+                }
+                reads[i as usize].push((k, v));
             }
-            for o in &op.output {
-                let v = match current.get(o.as_str()) {
-                    Some(v) => v + 1,
-                    None => 0,
-                };
-                current.insert(o.as_str(), v);
-                writes
-                    .entry(o.as_str())
-                    .or_insert_with(|| {
-                        write_order.push(o.as_str());
-                        Vec::new()
-                    })
-                    .push((k, v));
+            for &(o, _) in self.outs_of(k) {
+                let v = current[o as usize].map_or(0, |v| v + 1);
+                current[o as usize] = Some(v);
+                if writes[o as usize].is_empty() {
+                    write_order.push(o);
+                }
+                writes[o as usize].push((k, v));
             }
         }
-        let hist = |order: Vec<&str>, mut m: FxMap<&str, Vec<(usize, u32)>>| {
+        let hist = |order: Vec<BlobId>, mut m: Vec<Vec<(usize, u32)>>| {
             order
                 .into_iter()
-                .map(|n| (n.to_string(), m.remove(n).unwrap_or_default()))
+                .map(|id| (name(id), std::mem::take(&mut m[id as usize])))
                 .collect()
         };
         IrState {
@@ -837,6 +1005,66 @@ impl<'a> Ir<'a> {
             gradient_generators,
             in_version_history: hist(read_order, reads),
             out_version_history: hist(write_order, writes),
+        }
+    }
+}
+
+/// Blob names and their dense ids ([`Names`]: one arena, a compact open-addressing table).
+struct BlobNames(Names);
+
+impl BlobNames {
+    #[inline]
+    fn intern(&mut self, name: &str) -> BlobId {
+        self.0.intern(name).0
+    }
+
+    #[inline]
+    fn get(&self, name: &str) -> Option<BlobId> {
+        self.0.get(name).map(|b| b.0)
+    }
+
+    #[inline]
+    fn name(&self, id: BlobId) -> &str {
+        self.0.name(crate::graph::BlobId(id))
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// For each position of a list of `(blob, version)` pairs, the earlier position of the same
+/// blob, if any (a scan for short lists, a table for long ones).
+struct FirstOccurrences {
+    table: Option<Vec<Option<usize>>>,
+}
+
+impl FirstOccurrences {
+    fn new(pairs: &[(BlobId, u32)]) -> Self {
+        if pairs.len() <= 16 {
+            return FirstOccurrences { table: None };
+        }
+        let mut first: FxMap<BlobId, usize> = FxMap::default();
+        let table = pairs
+            .iter()
+            .enumerate()
+            .map(|(p, &(id, _))| match first.get(&id) {
+                Some(&e) => Some(e),
+                None => {
+                    first.insert(id, p);
+                    None
+                }
+            })
+            .collect();
+        FirstOccurrences { table: Some(table) }
+    }
+
+    /// The first position before `p` holding the same blob as `pairs[p]` (`pairs` being the
+    /// list given to [`FirstOccurrences::new`]).
+    fn earlier(&self, pairs: &[(BlobId, u32)], p: usize) -> Option<usize> {
+        match &self.table {
+            Some(t) => t[p],
+            None => pairs[..p].iter().position(|q| q.0 == pairs[p].0),
         }
     }
 }

@@ -190,7 +190,10 @@ impl<'a> MakerCtx<'a> {
 
     /// Names the dense gradient of input `k` `<input>_grad` and records it.
     pub fn gi(&mut self, k: usize) -> String {
-        let name = format!("{}_grad", self.i(k));
+        let input = self.def.input.get(k).map_or("", String::as_str);
+        let mut name = String::with_capacity(input.len() + 5);
+        name.push_str(input);
+        name.push_str("_grad");
         self.set_dense(k, name.clone());
         name
     }

@@ -26,11 +26,14 @@
 pub mod accumulate;
 pub mod control;
 pub mod dispatch;
+mod forward;
+pub mod grad_ops;
 pub mod intern;
 pub mod ir;
 mod lookup;
 pub mod maker;
 pub mod makers;
+pub mod net_bytes;
 pub mod net_names;
 pub mod registry;
 pub mod scope;
@@ -74,6 +77,7 @@ pub fn backward_pass_in(
     cx: &mut GradientContext<'_>,
 ) -> Result<(Vec<OperatorDef>, GradMap)> {
     let mut ir = Ir::new(ops)?;
+    ir.skip_unused_generators();
     ir.backward(ys, cx)
 }
 

@@ -301,6 +301,51 @@ fn scan<V: NetVisitor>(
     Ok(())
 }
 
+/// The top-level fields of a serialized `caffe2.NetDef`, split into the `op` entries and the
+/// rest, without looking inside any of them.
+#[derive(Debug, Clone, Default)]
+pub struct OpEntries {
+    /// Byte range (tag and length prefix included) of every `op` entry, in order.
+    pub ops: Vec<std::ops::Range<usize>>,
+    /// Byte ranges (tags included) of the other top-level fields, in order.
+    pub others: Vec<std::ops::Range<usize>>,
+}
+
+/// Splits a serialized `caffe2.NetDef` into its `op` entries and its other fields (each
+/// checked for well-formed framing only), e.g. to decode only some of the ops.
+///
+/// ```
+/// use ferrocaffe::graph::wire::op_entries;
+/// use ferrocaffe::proto::{encode, NetDef, OperatorDef};
+///
+/// let mut net = NetDef { name: Some("n".into()), ..Default::default() };
+/// net.op.push(OperatorDef::new("Relu", ["x"], ["y"]));
+/// net.op.push(OperatorDef::new("Relu", ["y"], ["z"]));
+/// let bytes = encode(&net);
+/// let split = op_entries(&bytes).unwrap();
+/// assert_eq!((split.ops.len(), split.others.len()), (2, 1));
+/// ```
+pub fn op_entries(buf: &[u8]) -> Result<OpEntries> {
+    let mut out = OpEntries {
+        // About 30 bytes per op in typical nets; over-reserving only costs address space.
+        ops: Vec::with_capacity(buf.len() / 24 + 1),
+        others: Vec::new(),
+    };
+    let mut pos = 0;
+    while pos < buf.len() {
+        let start = pos;
+        let (field, wire) = read_tag(buf, &mut pos)?;
+        if field == NET_OP && wire == LEN {
+            read_len(buf, &mut pos)?;
+            out.ops.push(start..pos);
+        } else {
+            skip_value(buf, &mut pos, field, wire, 0)?;
+            out.others.push(start..pos);
+        }
+    }
+    Ok(out)
+}
+
 fn scan_op<V: NetVisitor>(
     buf: &[u8],
     range: std::ops::Range<usize>,

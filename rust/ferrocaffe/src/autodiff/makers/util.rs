@@ -28,30 +28,52 @@ pub(super) fn fail(ctx: &MakerCtx<'_>, msg: impl std::fmt::Display) -> Error {
     ))
 }
 
-/// Caffe2's `I(k)`: forward input `k`, an error when out of range.
-pub(super) fn input(ctx: &MakerCtx<'_>, k: usize) -> Result<String> {
-    ctx.def.input.get(k).cloned().ok_or_else(|| {
-        fail(
+/// Forward input `k` by reference, an error when out of range.
+fn input_ref<'a>(ctx: &MakerCtx<'a>, k: usize) -> Result<&'a str> {
+    let def = ctx.def;
+    match def.input.get(k) {
+        Some(s) => Ok(s.as_str()),
+        None => Err(fail(
             ctx,
             format!(
                 "expected an input {k}, the operator has {} inputs",
-                ctx.def.input.len()
+                def.input.len()
             ),
-        )
-    })
+        )),
+    }
+}
+
+/// Forward output `k` by reference, an error when out of range.
+fn output_ref<'a>(ctx: &MakerCtx<'a>, k: usize) -> Result<&'a str> {
+    let def = ctx.def;
+    match def.output.get(k) {
+        Some(s) => Ok(s.as_str()),
+        None => Err(fail(
+            ctx,
+            format!(
+                "expected an output {k}, the operator has {} outputs",
+                def.output.len()
+            ),
+        )),
+    }
+}
+
+/// Caffe2's `I(k)`: forward input `k`, an error when out of range.
+pub(super) fn input(ctx: &MakerCtx<'_>, k: usize) -> Result<String> {
+    input_ref(ctx, k).map(str::to_string)
 }
 
 /// Caffe2's `O(k)`: forward output `k`, an error when out of range.
 pub(super) fn output(ctx: &MakerCtx<'_>, k: usize) -> Result<String> {
-    ctx.def.output.get(k).cloned().ok_or_else(|| {
-        fail(
-            ctx,
-            format!(
-                "expected an output {k}, the operator has {} outputs",
-                ctx.def.output.len()
-            ),
-        )
-    })
+    output_ref(ctx, k).map(str::to_string)
+}
+
+/// `base` followed by `suffix`, in one allocation.
+pub(super) fn suffixed(base: &str, suffix: &str) -> String {
+    let mut s = String::with_capacity(base.len() + suffix.len());
+    s.push_str(base);
+    s.push_str(suffix);
+    s
 }
 
 /// Whether output `k` has a gradient of any kind (Caffe2: `!GradOut(k).IsEmpty()`).
@@ -65,7 +87,7 @@ pub(super) fn has_grad_out(ctx: &MakerCtx<'_>, k: usize) -> bool {
 
 /// Caffe2's `GO(k)`: the dense gradient of output `k`; an error when it is sparse or absent.
 pub(super) fn grad_out(ctx: &MakerCtx<'_>, k: usize) -> Result<String> {
-    let out = output(ctx, k)?;
+    let out = output_ref(ctx, k)?;
     match ctx.g_output.get(k) {
         Some(GradRef::Dense(n)) if !n.is_empty() => Ok(n.clone()),
         Some(GradRef::Sparse { .. }) => Err(fail(
@@ -79,13 +101,9 @@ pub(super) fn grad_out(ctx: &MakerCtx<'_>, k: usize) -> Result<String> {
     }
 }
 
-fn input_slot(ctx: &MakerCtx<'_>, k: usize) -> Result<String> {
-    input(ctx, k)
-}
-
 /// Caffe2's `SetDense(k, name)`: an error when input `k` already has a sparse gradient.
 pub(super) fn set_dense(ctx: &mut MakerCtx<'_>, k: usize, name: String) -> Result<()> {
-    let inp = input_slot(ctx, k)?;
+    let inp = input_ref(ctx, k)?;
     if matches!(ctx.g_input.get(k), Some(GradRef::Sparse { .. })) {
         return Err(fail(ctx, format!("Input {inp} already set to sparse.")));
     }
@@ -95,7 +113,7 @@ pub(super) fn set_dense(ctx: &mut MakerCtx<'_>, k: usize, name: String) -> Resul
 
 /// Caffe2's `GI(k)`: names the gradient of input `k` `<input>_grad` and records it.
 pub(super) fn grad_in(ctx: &mut MakerCtx<'_>, k: usize) -> Result<String> {
-    let name = format!("{}_grad", input_slot(ctx, k)?);
+    let name = suffixed(input_ref(ctx, k)?, "_grad");
     set_dense(ctx, k, name.clone())?;
     Ok(name)
 }
@@ -107,7 +125,7 @@ pub(super) fn set_sparse(
     indices: String,
     values: String,
 ) -> Result<()> {
-    let inp = input_slot(ctx, k)?;
+    let inp = input_ref(ctx, k)?;
     if matches!(ctx.g_input.get(k), Some(GradRef::Dense(_))) {
         return Err(fail(ctx, format!("Input {inp} already set to dense.")));
     }
@@ -120,8 +138,8 @@ pub(super) fn set_sparse(
 /// Caffe2's `GI_V(k)`: names the values of a sparse gradient of input `k`
 /// (`<input>_grad_values`) and records them (the indices stay as they are).
 pub(super) fn grad_in_values(ctx: &mut MakerCtx<'_>, k: usize) -> Result<String> {
-    let inp = input_slot(ctx, k)?;
-    let values = format!("{inp}_grad_values");
+    let inp = input_ref(ctx, k)?;
+    let values = suffixed(inp, "_grad_values");
     let indices = match ctx.g_input.get(k) {
         Some(GradRef::Dense(_)) => {
             return Err(fail(ctx, format!("Input {inp} already set to dense.")));
@@ -285,7 +303,11 @@ pub(super) fn resolve(ctx: &mut MakerCtx<'_>, slot: Slot) -> Result<String> {
 
 /// Resolves a list of slots.
 pub(super) fn resolve_all(ctx: &mut MakerCtx<'_>, slots: &[Slot]) -> Result<Vec<String>> {
-    slots.iter().map(|s| resolve(ctx, *s)).collect()
+    let mut out = Vec::with_capacity(slots.len());
+    for s in slots {
+        out.push(resolve(ctx, *s)?);
+    }
+    Ok(out)
 }
 
 /// A maker emitting one op of type `grad_type` from fixed input and output slots, with the
