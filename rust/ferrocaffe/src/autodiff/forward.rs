@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use prost::Message;
 
 use crate::error::{Error, Result};
+use crate::graph::wire::quick::{len_delimited, skip, string, varint};
 use crate::proto::OperatorDef;
 
 /// Where the forward ops come from.
@@ -31,42 +32,6 @@ const LEN: u64 = 2;
 const OP_INPUT: u64 = 1;
 const OP_OUTPUT: u64 = 2;
 const OP_TYPE: u64 = 4;
-
-fn varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let b = *buf.get(*pos)?;
-        *pos += 1;
-        value |= u64::from(b & 0x7f) << shift;
-        if b < 0x80 {
-            return Some(value);
-        }
-    }
-    None
-}
-
-fn len_delimited<'b>(buf: &'b [u8], pos: &mut usize) -> Option<&'b [u8]> {
-    let len = usize::try_from(varint(buf, pos)?).ok()?;
-    let end = pos.checked_add(len).filter(|&e| e <= buf.len())?;
-    let s = &buf[*pos..end];
-    *pos = end;
-    Some(s)
-}
-
-/// Skips a field value of wire type `wire`; `None` for anything but the plain wire types
-/// (groups and malformed values send the caller to the decoding path).
-fn skip(buf: &[u8], pos: &mut usize, wire: u64) -> Option<()> {
-    match wire {
-        0 => varint(buf, pos).map(drop),
-        1 | 5 => {
-            let n = if wire == 1 { 8 } else { 4 };
-            *pos = pos.checked_add(n).filter(|&e| e <= buf.len())?;
-            Some(())
-        }
-        LEN => len_delimited(buf, pos).map(drop),
-        _ => None,
-    }
-}
 
 impl<'a> WireOps<'a> {
     /// Ops given as `op` entries of a serialized `NetDef` (see
@@ -121,7 +86,7 @@ impl<'a> WireOps<'a> {
                 if wire != LEN {
                     return None;
                 }
-                let s = std::str::from_utf8(len_delimited(op, &mut pos)?).ok()?;
+                let s = string(op, &mut pos)?;
                 match field {
                     OP_INPUT => ins.push(s),
                     OP_OUTPUT => outs.push(s),
