@@ -62,26 +62,25 @@ def get_undefined_blobs(ssa):
 
 def get_output_producers(ssa):
     """A dict from each versioned output ``(name, version)`` to the index of its op."""
-    producers = {}
-    for i, (_inputs, outputs) in enumerate(ssa):
-        for versioned in outputs:
-            producers[versioned] = i
-    return producers
+    return {versioned: i for i, (_inputs, outputs) in enumerate(ssa) for versioned in outputs}
 
 
 def get_op_ids_in_path(ssa, blob_versions, inputs, outputs):
     """The sorted indices of the ops needed to compute ``outputs`` from ``inputs``, both taken
     at their latest version in ``blob_versions`` (a missing name raises ``KeyError``)."""
     stop = {(str(i), blob_versions[str(i)]) for i in inputs}
-    producers = get_output_producers(ssa)
+    producer = get_output_producers(ssa).get
     queue = [(str(o), blob_versions[str(o)]) for o in outputs]
+    pop, extend = queue.pop, queue.extend
     used = set()
     while queue:
-        versioned = queue.pop()
-        if versioned not in stop and versioned in producers:
-            op_id = producers[versioned]
-            if op_id not in used:
-                used.add(op_id)
-                op_inputs, _ = ssa[op_id]
-                queue.extend(op_inputs)
+        versioned = pop()
+        if versioned in stop:
+            continue
+        op_id = producer(versioned)  # op indices are ints: None means "no producer"
+        if op_id is None or op_id in used:
+            continue
+        used.add(op_id)
+        op_inputs, _ = ssa[op_id]
+        extend(op_inputs)
     return sorted(used)
