@@ -106,6 +106,9 @@ impl<'a> WireOps<'a> {
     /// Decodes op `k` strictly (no lenient fallback: a failure sends the caller to the
     /// decoding path, which reports it as decoding the whole net does).
     pub(crate) fn decode(&self, k: usize) -> Result<OperatorDef> {
+        if let Some(op) = self.payload(k).and_then(decode_names_only) {
+            return Ok(op);
+        }
         let item = self.items[k];
         let strict = |e: prost::DecodeError| Error::Decode {
             message: "caffe2.OperatorDef",
@@ -129,6 +132,43 @@ impl<'a> WireOps<'a> {
             OperatorDef::decode(item).map_err(strict)
         }
     }
+}
+
+/// An op whose only fields are inputs, outputs, name and type (most ops of large nets),
+/// decoded directly: the same `OperatorDef` as protobuf decoding gives (repeated fields in
+/// order, the last value of a singular one). `None` for any other op.
+fn decode_names_only(op: &[u8]) -> Option<OperatorDef> {
+    let (mut n_in, mut n_out) = (0, 0);
+    let mut pos = 0;
+    while pos < op.len() {
+        let key = varint(op, &mut pos)?;
+        if key & 7 != LEN || !(1..=4).contains(&(key >> 3)) {
+            return None;
+        }
+        len_delimited(op, &mut pos)?;
+        match key >> 3 {
+            OP_INPUT => n_in += 1,
+            OP_OUTPUT => n_out += 1,
+            _ => {}
+        }
+    }
+    let mut out = OperatorDef {
+        input: Vec::with_capacity(n_in),
+        output: Vec::with_capacity(n_out),
+        ..Default::default()
+    };
+    pos = 0;
+    while pos < op.len() {
+        let key = varint(op, &mut pos)?;
+        let s = string(op, &mut pos)?.to_string();
+        match key >> 3 {
+            OP_INPUT => out.input.push(s),
+            OP_OUTPUT => out.output.push(s),
+            OP_TYPE => out.r#type = Some(s),
+            _ => out.name = Some(s),
+        }
+    }
+    Some(out)
 }
 
 impl<'a> ForwardOps<'a> {
@@ -181,6 +221,25 @@ mod tests {
         let ops = ForwardOps::Wire(w);
         assert_eq!(ops.op_type(0), "Z");
         assert_eq!(ops.op(0).unwrap().r#type(), "Z");
+    }
+
+    #[test]
+    fn names_only_ops_decode_as_protobuf_does() {
+        let mut op = OperatorDef::new("Sum", ["a", "b", "é"], ["c"]);
+        op.name = Some(String::new());
+        let mut bytes = encode(&op);
+        bytes.extend_from_slice(&[0x1a, 0x01, b'n', 0x0a, 0x01, b'd']); // name "n", input "d"
+        let direct = decode_names_only(&bytes).unwrap();
+        assert_eq!(direct, OperatorDef::decode(bytes.as_slice()).unwrap());
+        assert_eq!(direct.input, ["a", "b", "é", "d"]);
+        assert_eq!(direct.name(), "n");
+        // Anything else (an argument, a mistyped or malformed field) is left to protobuf.
+        op.arg.push(Argument::default());
+        assert!(decode_names_only(&encode(&op)).is_none());
+        assert!(decode_names_only(&[0x08, 0x01]).is_none());
+        assert!(decode_names_only(&[0x0a, 0x01, 0xff]).is_none());
+        assert!(decode_names_only(&[0x0a, 0x02, b'a']).is_none());
+        assert_eq!(decode_names_only(&[]), Some(OperatorDef::default()));
     }
 
     #[test]
