@@ -36,17 +36,6 @@ def ssa_get_ssa(
 ) -> tuple[list[SsaOp], dict[str, int]]:
     """``core.get_ssa`` on a serialized NetDef; ``start`` holds the starting blob versions."""
 
-def ssa_get_undefined_blobs(ssa: list[SsaOp]) -> set[str]:
-    """Blobs read before any op of ``ssa`` writes them."""
-
-def ssa_get_output_producers(ssa: list[SsaOp]) -> dict[Versioned, int]:
-    """``{(blob, version): index of the op that produced it}``."""
-
-def ssa_get_op_ids_in_path(
-    ssa: list[SsaOp], inputs: list[Versioned], outputs: list[Versioned]
-) -> list[int]:
-    """Indices of the ops on a path from ``inputs`` to ``outputs``, sorted."""
-
 # --- Graph surgery (``ferrocaffe.graph`` wraps these; nets cross as NetDef bytes) -----------
 def graph_producer_map(net: bytes) -> dict[Versioned, tuple[int, int]]: ...
 def graph_consumer_map(net: bytes) -> dict[Versioned, list[tuple[int, int]]]: ...
@@ -82,8 +71,10 @@ def backward_pass(
     device_scope: bytes | None = None,
     with_state: bool = False,
     slice_type: type | None = None,
-) -> tuple[bytes, dict[str, object], object]:
-    """Backward pass of serialized forward ops: (gradient NetDef bytes, grad map, IR state)."""
+    blob_ref: type | None = None,
+) -> tuple[bytes, dict[object, object], object]:
+    """Backward pass of serialized forward ops: (gradient NetDef bytes, grad map, IR state).
+    With ``blob_ref`` (``BlobReference``), the names of the map are instances of it."""
 
 def backward_pass_net(
     net: bytes,
@@ -95,8 +86,11 @@ def backward_pass_net(
     name_scope: str = "",
     device_scope: bytes | None = None,
     slice_type: type | None = None,
-) -> tuple[bytes, dict[str, object]]:
-    """Backward pass of a serialized NetDef's ops from ``skip`` on."""
+    blob_ref: type | None = None,
+    with_outputs: bool = False,
+) -> tuple[bytes, dict[object, object], list[str] | None]:
+    """Backward pass of a serialized NetDef's ops from ``skip`` on: (gradient NetDef bytes,
+    grad map, output names of the gradient ops if ``with_outputs``)."""
 
 def gradient_for_op(
     op: bytes,

@@ -2,7 +2,9 @@
 ``get_output_producers`` and ``get_op_ids_in_path``.
 
 The versioning runs in the Rust core (``ferrocaffe.graph`` in the crate) on the serialized
-NetDef; these functions return exactly what Caffe2's did: ``ssa`` is a list with one
+NetDef; the functions that take an ``ssa`` list are plain loops over its Python objects
+(reading such lists into native code costs more than the work). They return exactly what
+Caffe2's did: ``ssa`` is a list with one
 ``(inputs, outputs)`` tuple per op, each a list of ``(blob_name, version)`` tuples, and
 ``blob_versions`` is a dict from blob name to its latest version. The first write of a blob is
 version 1; external inputs (and, when a net declares none, every input read before it is
@@ -53,18 +55,32 @@ def get_ssa(net, blob_versions=None):
 
 def get_undefined_blobs(ssa):
     """The set of blobs read before any op of the net writes them (inputs at version 0)."""
-    return _native.ssa_get_undefined_blobs(ssa)
+    # A plain loop over the Python objects: reading 100k-op lists into native code costs more
+    # than the work itself.
+    return {name for inputs, _outputs in ssa for name, version in inputs if version == 0}
 
 
 def get_output_producers(ssa):
     """A dict from each versioned output ``(name, version)`` to the index of its op."""
-    with gc_paused():
-        return _native.ssa_get_output_producers(ssa)
+    return {versioned: i for i, (_inputs, outputs) in enumerate(ssa) for versioned in outputs}
 
 
 def get_op_ids_in_path(ssa, blob_versions, inputs, outputs):
     """The sorted indices of the ops needed to compute ``outputs`` from ``inputs``, both taken
     at their latest version in ``blob_versions`` (a missing name raises ``KeyError``)."""
-    versioned_inputs = [(str(i), blob_versions[str(i)]) for i in inputs]
-    versioned_outputs = [(str(o), blob_versions[str(o)]) for o in outputs]
-    return _native.ssa_get_op_ids_in_path(ssa, versioned_inputs, versioned_outputs)
+    stop = {(str(i), blob_versions[str(i)]) for i in inputs}
+    producer = get_output_producers(ssa).get
+    queue = [(str(o), blob_versions[str(o)]) for o in outputs]
+    pop, extend = queue.pop, queue.extend
+    used = set()
+    while queue:
+        versioned = pop()
+        if versioned in stop:
+            continue
+        op_id = producer(versioned)  # op indices are ints: None means "no producer"
+        if op_id is None or op_id in used:
+            continue
+        used.add(op_id)
+        op_inputs, _ = ssa[op_id]
+        extend(op_inputs)
+    return sorted(used)

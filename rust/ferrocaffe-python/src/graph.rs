@@ -5,7 +5,7 @@
 
 use ferrocaffe::graph::{Graph, Ssa, ValueId, Version};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PySet, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::errors::IntoPy;
 
@@ -61,178 +61,147 @@ impl<'py, 's> Objects<'py, 's> {
     }
 }
 
-/// A `str` from a Python object (`str(obj)` for non-strings, e.g. BlobReferences).
-fn text(obj: &Bound<'_, PyAny>, buf: &mut String) -> PyResult<()> {
-    buf.clear();
-    match obj.cast::<PyString>() {
-        Ok(s) => buf.push_str(s.to_str()?),
-        Err(_) => buf.push_str(obj.str()?.to_str()?),
+/// Owned references to Python objects, released when dropped (null entries are skipped).
+struct OwnedRefs(Vec<*mut pyo3::ffi::PyObject>);
+
+impl Drop for OwnedRefs {
+    fn drop(&mut self) {
+        for &p in &self.0 {
+            if !p.is_null() {
+                // SAFETY: each non-null entry is a reference this struct owns; the GIL is held
+                // (the struct never leaves the function that holds it).
+                unsafe { pyo3::ffi::Py_DecRef(p) };
+            }
+        }
     }
-    Ok(())
 }
 
-/// A small direct-mapped cache keyed by object identity. Entries hold a reference to their
-/// object, so an address cannot be reused by another object while it is cached.
-struct IdentityCache<'py, T: Copy> {
-    entries: Vec<Option<(Bound<'py, PyAny>, T)>>,
+/// Builds Caffe2's `get_ssa` result from an [`Ssa`]: one string per blob name and one
+/// `(name, version)` tuple per value, shared by every op that reads or writes it, lists built
+/// at their final size, and no reference count traffic beyond one reference per list slot.
+struct SsaObjects<'py, 's> {
+    py: Python<'py>,
+    ssa: &'s Ssa,
+    names: OwnedRefs,
+    values: OwnedRefs,
 }
 
-impl<'py, T: Copy> IdentityCache<'py, T> {
-    const SIZE: usize = 4096;
-
-    fn new() -> Self {
-        IdentityCache {
-            entries: (0..Self::SIZE).map(|_| None).collect(),
+impl<'py, 's> SsaObjects<'py, 's> {
+    fn new(py: Python<'py>, ssa: &'s Ssa) -> Self {
+        SsaObjects {
+            py,
+            ssa,
+            names: OwnedRefs(vec![std::ptr::null_mut(); ssa.names().len()]),
+            values: OwnedRefs(vec![std::ptr::null_mut(); ssa.num_values()]),
         }
     }
 
-    fn slot(obj: &Bound<'py, PyAny>) -> usize {
-        let p = obj.as_ptr() as usize;
-        (p >> 4 ^ p >> 16) & (Self::SIZE - 1)
-    }
-
-    fn get(&self, obj: &Bound<'py, PyAny>) -> Option<T> {
-        match &self.entries[Self::slot(obj)] {
-            Some((o, t)) if o.is(obj) => Some(*t),
-            _ => None,
-        }
-    }
-
-    fn put(&mut self, obj: &Bound<'py, PyAny>, t: T) {
-        self.entries[Self::slot(obj)] = Some((obj.clone(), t));
-    }
-}
-
-/// Converts a Caffe2 `ssa` list (`[(inputs, outputs), ...]` of `(name, version)` pairs).
-///
-/// `get_ssa` returns one shared tuple per versioned blob and one shared string per name, so
-/// identity caches skip re-reading most of them.
-struct SsaReader<'py> {
-    builder: ferrocaffe::graph::SsaBuilder,
-    names: IdentityCache<'py, ferrocaffe::graph::BlobId>,
-    values: IdentityCache<'py, ValueId>,
-    buf: String,
-    /// The first Python object seen for each blob and each value (results reuse them, as
-    /// Caffe2's functions returned the objects of the given `ssa`).
-    name_objs: Vec<Bound<'py, PyAny>>,
-    value_objs: Vec<Bound<'py, PyAny>>,
-}
-
-/// A converted `ssa` and the Python objects it was read from.
-struct ReadSsa<'py> {
-    ssa: Ssa,
-    name_objs: Vec<Bound<'py, PyAny>>,
-    value_objs: Vec<Bound<'py, PyAny>>,
-}
-
-impl<'py> SsaReader<'py> {
-    fn read(ssa: &Bound<'py, PyAny>) -> PyResult<ReadSsa<'py>> {
-        let hint = ssa.len().unwrap_or(0);
-        let mut r = SsaReader {
-            builder: Ssa::builder_with_capacity(hint),
-            names: IdentityCache::new(),
-            values: IdentityCache::new(),
-            buf: String::new(),
-            name_objs: Vec::with_capacity(hint * 2),
-            value_objs: Vec::with_capacity(hint * 2),
-        };
-        for op in ssa.try_iter()? {
-            let op = op?;
-            let (ins, outs) = match op.cast::<PyTuple>() {
-                Ok(t) if t.len() == 2 => (t.get_item(0)?, t.get_item(1)?),
-                _ => {
-                    let mut parts = op.try_iter()?;
-                    match (parts.next(), parts.next(), parts.next()) {
-                        (Some(i), Some(o), None) => (i?, o?),
-                        _ => {
-                            return Err(pyo3::exceptions::PyValueError::new_err(
-                                "each ssa entry must be an (inputs, outputs) pair",
-                            ))
-                        }
-                    }
-                }
+    /// The string of blob `b` (a borrowed reference, owned by `self`).
+    fn name(&mut self, b: ferrocaffe::graph::BlobId) -> PyResult<*mut pyo3::ffi::PyObject> {
+        let slot = &mut self.names.0[b.index()];
+        if slot.is_null() {
+            let text = self.ssa.name(b);
+            // SAFETY: a valid UTF-8 buffer and its length; the GIL is held.
+            let s = unsafe {
+                pyo3::ffi::PyUnicode_FromStringAndSize(text.as_ptr().cast(), text.len() as isize)
             };
-            r.side(&ins, true)?;
-            r.side(&outs, false)?;
-            r.builder.end_op();
+            if s.is_null() {
+                return Err(PyErr::fetch(self.py));
+            }
+            *slot = s;
         }
-        Ok(ReadSsa {
-            ssa: r.builder.build(),
-            name_objs: r.name_objs,
-            value_objs: r.value_objs,
-        })
+        Ok(*slot)
     }
 
-    fn side(&mut self, items: &Bound<'py, PyAny>, inputs: bool) -> PyResult<()> {
-        let push = |r: &mut Self, item: &Bound<'py, PyAny>| -> PyResult<()> {
-            let v = r.value(item)?;
-            if inputs {
-                r.builder.input_value(v);
-            } else {
-                r.builder.output_value(v);
-            }
-            Ok(())
-        };
-        if let Ok(list) = items.cast::<PyList>() {
-            for item in list.iter() {
-                push(self, &item)?;
-            }
-        } else {
-            for item in items.try_iter()? {
-                push(self, &item?)?;
-            }
+    /// The `(name, version)` tuple of value `v` (a borrowed reference, owned by `self`).
+    fn value(&mut self, v: ValueId) -> PyResult<*mut pyo3::ffi::PyObject> {
+        let cached = self.values.0[v.index()];
+        if !cached.is_null() {
+            return Ok(cached);
         }
-        Ok(())
+        let (b, version) = self.ssa.value(v);
+        let name = self.name(b)?;
+        // SAFETY: the GIL is held; `PyTuple_SetItem` steals the references it is given (and
+        // releases them itself on failure), and the tuple is filled before anyone sees it.
+        unsafe {
+            let number = pyo3::ffi::PyLong_FromLongLong(version);
+            if number.is_null() {
+                return Err(PyErr::fetch(self.py));
+            }
+            let t = pyo3::ffi::PyTuple_New(2);
+            if t.is_null() {
+                pyo3::ffi::Py_DecRef(number);
+                return Err(PyErr::fetch(self.py));
+            }
+            pyo3::ffi::Py_IncRef(name);
+            pyo3::ffi::PyTuple_SetItem(t, 0, name);
+            pyo3::ffi::PyTuple_SetItem(t, 1, number);
+            // A tuple of a str and an int can never be part of a reference cycle; CPython's
+            // collector untracks such tuples itself when it meets them, this spares it the
+            // visits.
+            pyo3::ffi::PyObject_GC_UnTrack(t.cast());
+            self.values.0[v.index()] = t;
+            Ok(t)
+        }
     }
 
-    fn value(&mut self, item: &Bound<'py, PyAny>) -> PyResult<ValueId> {
-        if let Some(v) = self.values.get(item) {
-            return Ok(v);
-        }
-        let (name, version) = match item.cast::<PyTuple>() {
-            Ok(t) if t.len() == 2 => (t.get_item(0)?, t.get_item(1)?),
-            _ => {
-                let mut it = item.try_iter()?;
-                match (it.next(), it.next(), it.next()) {
-                    (Some(n), Some(v), None) => (n?, v?),
-                    _ => {
-                        return Err(pyo3::exceptions::PyValueError::new_err(
-                            "a versioned blob must be a (name, version) pair",
-                        ))
-                    }
-                }
+    /// A new list of the tuples of `slots`.
+    fn list(&mut self, slots: &[ferrocaffe::graph::Slot]) -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: the GIL is held; the list is created at its final size and every slot is
+        // set (with a new reference) before it is returned.
+        unsafe {
+            let list = pyo3::ffi::PyList_New(slots.len() as isize);
+            let list = Bound::from_owned_ptr_or_err(self.py, list)?;
+            for (i, s) in slots.iter().enumerate() {
+                let t = self.value(s.value)?;
+                pyo3::ffi::Py_IncRef(t);
+                pyo3::ffi::PyList_SetItem(list.as_ptr(), i as isize, t);
             }
-        };
-        // Only immutable objects (exact str, exact tuple of str and int) are cached.
-        let exact_name = name.is_exact_instance_of::<PyString>();
-        let blob = match self.names.get(&name) {
-            Some(b) => b,
-            None => {
-                text(&name, &mut self.buf)?;
-                let b = self.builder.blob(&self.buf);
-                if b.index() == self.name_objs.len() {
-                    self.name_objs.push(name.clone());
-                }
-                if exact_name {
-                    self.names.put(&name, b);
-                }
-                b
-            }
-        };
-        let exact_version = version.is_exact_instance_of::<pyo3::types::PyInt>();
-        let v = self.builder.value(blob, version.extract::<Version>()?);
-        if v.index() == self.value_objs.len() {
-            self.value_objs.push(item.clone());
+            Ok(list)
         }
-        if exact_name && exact_version && item.is_exact_instance_of::<PyTuple>() {
-            self.values.put(item, v);
-        }
-        Ok(v)
     }
-}
 
-fn ssa_from_py(ssa: &Bound<'_, PyAny>) -> PyResult<Ssa> {
-    Ok(SsaReader::read(ssa)?.ssa)
+    /// The `ssa` list: per op, `(inputs, outputs)`.
+    fn ops(&mut self) -> PyResult<Bound<'py, PyList>> {
+        let n = self.ssa.len();
+        // All names first, then all `(name, version)` tuples, then the lists: objects of a
+        // kind end up together in memory, which makes building the lists, and the garbage
+        // collector's later passes over them, markedly faster than creating each object where
+        // it is first needed.
+        for b in 0..self.ssa.names().len() {
+            self.name(ferrocaffe::graph::BlobId(b as u32))?;
+        }
+        for v in 0..self.ssa.num_values() {
+            self.value(ValueId(v as u32))?;
+        }
+        // SAFETY: the GIL is held; every slot of the list is set before it is returned, and
+        // `PyTuple_SetItem` / `PyList_SetItem` steal the references they are given.
+        unsafe {
+            let outer = Bound::from_owned_ptr_or_err(self.py, pyo3::ffi::PyList_New(n as isize))?;
+            for op in 0..n {
+                let ins = self.list(self.ssa.inputs(op))?;
+                let outs = self.list(self.ssa.outputs(op))?;
+                let pair = pyo3::ffi::PyTuple_New(2);
+                let pair = Bound::from_owned_ptr_or_err(self.py, pair)?;
+                pyo3::ffi::PyTuple_SetItem(pair.as_ptr(), 0, ins.into_ptr());
+                pyo3::ffi::PyTuple_SetItem(pair.as_ptr(), 1, outs.into_ptr());
+                pyo3::ffi::PyList_SetItem(outer.as_ptr(), op as isize, pair.into_ptr());
+            }
+            Ok(outer.cast_into_unchecked())
+        }
+    }
+
+    /// `blob_versions`.
+    fn versions(&mut self) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(self.py);
+        for (b, v) in self.ssa.blob_version_ids() {
+            let key = self.name(b)?;
+            // SAFETY: `key` is a live string owned by `self`; the GIL is held.
+            let key = unsafe { Bound::from_borrowed_ptr(self.py, key) };
+            d.set_item(key, v)?;
+        }
+        Ok(d)
+    }
 }
 
 /// `core.get_ssa` on serialized NetDef bytes: `(ssa, blob_versions)`, with `start` the
@@ -248,70 +217,10 @@ fn ssa_get_ssa<'py>(
     let ssa = py
         .detach(|| Ssa::from_bytes(net, start.iter().map(|(n, v)| (n.as_str(), *v))))
         .py()?;
-    let mut objs = Objects::new(py, &ssa);
-    // One `(name, version)` tuple per value, shared by every op that reads or writes it.
-    let values = (0..ssa.num_values())
-        .map(|v| objs.value(ValueId(v as u32)))
-        .collect::<PyResult<Vec<_>>>()?;
-    let side = |slots: &[ferrocaffe::graph::Slot]| {
-        PyList::new(py, slots.iter().map(|s| &values[s.value.index()]))
-    };
-    let ops = (0..ssa.len())
-        .map(|op| {
-            let ins = side(ssa.inputs(op))?;
-            let outs = side(ssa.outputs(op))?;
-            PyTuple::new(py, [ins, outs])
-        })
-        .collect::<PyResult<Vec<_>>>()?;
-    let versions = PyDict::new(py);
-    for (b, v) in ssa.blob_version_ids() {
-        versions.set_item(objs.name(b), v)?;
-    }
-    Ok((PyList::new(py, ops)?, versions))
-}
-
-/// `core.get_undefined_blobs(ssa)`: the name objects of the given `ssa`.
-#[pyfunction]
-fn ssa_get_undefined_blobs<'py>(
-    py: Python<'py>,
-    ssa: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PySet>> {
-    let read = SsaReader::read(ssa)?;
-    let ssa = &read.ssa;
-    let undefined = py.detach(|| ssa.undefined_blobs());
-    PySet::new(py, undefined.iter().map(|&b| &read.name_objs[b.index()]))
-}
-
-/// `core.get_output_producers(ssa)`: keyed by the versioned-blob objects of the given `ssa`.
-#[pyfunction]
-fn ssa_get_output_producers<'py>(
-    py: Python<'py>,
-    ssa: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let read = SsaReader::read(ssa)?;
-    let ssa = &read.ssa;
-    let producers = py.detach(|| ssa.output_producers());
-    let out = PyDict::new(py);
-    for (v, op) in producers {
-        out.set_item(&read.value_objs[v.index()], op)?;
-    }
-    Ok(out)
-}
-
-/// `core.get_op_ids_in_path(ssa, ...)` with the versions of `inputs` and `outputs` resolved.
-#[pyfunction]
-fn ssa_get_op_ids_in_path(
-    py: Python<'_>,
-    ssa: &Bound<'_, PyAny>,
-    inputs: Vec<(String, Version)>,
-    outputs: Vec<(String, Version)>,
-) -> PyResult<Vec<usize>> {
-    let ssa = ssa_from_py(ssa)?;
-    Ok(py.detach(|| {
-        let ins: Vec<(&str, Version)> = inputs.iter().map(|(n, v)| (n.as_str(), *v)).collect();
-        let outs: Vec<(&str, Version)> = outputs.iter().map(|(n, v)| (n.as_str(), *v)).collect();
-        ssa.op_ids_in_path(&ins, &outs)
-    }))
+    let mut objs = SsaObjects::new(py, &ssa);
+    let ops = objs.ops()?;
+    let versions = objs.versions()?;
+    Ok((ops, versions))
 }
 
 /// `{(name, version): (op, output_index)}` over the ops of `net`.
@@ -470,9 +379,6 @@ fn graph_versioned_external_outputs(
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ssa_get_ssa, m)?)?;
-    m.add_function(wrap_pyfunction!(ssa_get_undefined_blobs, m)?)?;
-    m.add_function(wrap_pyfunction!(ssa_get_output_producers, m)?)?;
-    m.add_function(wrap_pyfunction!(ssa_get_op_ids_in_path, m)?)?;
     m.add_function(wrap_pyfunction!(graph_producer_map, m)?)?;
     m.add_function(wrap_pyfunction!(graph_consumer_map, m)?)?;
     m.add_function(wrap_pyfunction!(graph_rename_op_input, m)?)?;

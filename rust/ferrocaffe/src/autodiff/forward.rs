@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use prost::Message;
 
 use crate::error::{Error, Result};
+use crate::graph::wire::quick::{len_delimited, skip, string, varint};
 use crate::proto::OperatorDef;
 
 /// Where the forward ops come from.
@@ -31,42 +32,6 @@ const LEN: u64 = 2;
 const OP_INPUT: u64 = 1;
 const OP_OUTPUT: u64 = 2;
 const OP_TYPE: u64 = 4;
-
-fn varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let b = *buf.get(*pos)?;
-        *pos += 1;
-        value |= u64::from(b & 0x7f) << shift;
-        if b < 0x80 {
-            return Some(value);
-        }
-    }
-    None
-}
-
-fn len_delimited<'b>(buf: &'b [u8], pos: &mut usize) -> Option<&'b [u8]> {
-    let len = usize::try_from(varint(buf, pos)?).ok()?;
-    let end = pos.checked_add(len).filter(|&e| e <= buf.len())?;
-    let s = &buf[*pos..end];
-    *pos = end;
-    Some(s)
-}
-
-/// Skips a field value of wire type `wire`; `None` for anything but the plain wire types
-/// (groups and malformed values send the caller to the decoding path).
-fn skip(buf: &[u8], pos: &mut usize, wire: u64) -> Option<()> {
-    match wire {
-        0 => varint(buf, pos).map(drop),
-        1 | 5 => {
-            let n = if wire == 1 { 8 } else { 4 };
-            *pos = pos.checked_add(n).filter(|&e| e <= buf.len())?;
-            Some(())
-        }
-        LEN => len_delimited(buf, pos).map(drop),
-        _ => None,
-    }
-}
 
 impl<'a> WireOps<'a> {
     /// Ops given as `op` entries of a serialized `NetDef` (see
@@ -121,7 +86,7 @@ impl<'a> WireOps<'a> {
                 if wire != LEN {
                     return None;
                 }
-                let s = std::str::from_utf8(len_delimited(op, &mut pos)?).ok()?;
+                let s = string(op, &mut pos)?;
                 match field {
                     OP_INPUT => ins.push(s),
                     OP_OUTPUT => outs.push(s),
@@ -141,6 +106,9 @@ impl<'a> WireOps<'a> {
     /// Decodes op `k` strictly (no lenient fallback: a failure sends the caller to the
     /// decoding path, which reports it as decoding the whole net does).
     pub(crate) fn decode(&self, k: usize) -> Result<OperatorDef> {
+        if let Some(op) = self.payload(k).and_then(decode_names_only) {
+            return Ok(op);
+        }
         let item = self.items[k];
         let strict = |e: prost::DecodeError| Error::Decode {
             message: "caffe2.OperatorDef",
@@ -164,6 +132,43 @@ impl<'a> WireOps<'a> {
             OperatorDef::decode(item).map_err(strict)
         }
     }
+}
+
+/// An op whose only fields are inputs, outputs, name and type (most ops of large nets),
+/// decoded directly: the same `OperatorDef` as protobuf decoding gives (repeated fields in
+/// order, the last value of a singular one). `None` for any other op.
+fn decode_names_only(op: &[u8]) -> Option<OperatorDef> {
+    let (mut n_in, mut n_out) = (0, 0);
+    let mut pos = 0;
+    while pos < op.len() {
+        let key = varint(op, &mut pos)?;
+        if key & 7 != LEN || !(1..=4).contains(&(key >> 3)) {
+            return None;
+        }
+        len_delimited(op, &mut pos)?;
+        match key >> 3 {
+            OP_INPUT => n_in += 1,
+            OP_OUTPUT => n_out += 1,
+            _ => {}
+        }
+    }
+    let mut out = OperatorDef {
+        input: Vec::with_capacity(n_in),
+        output: Vec::with_capacity(n_out),
+        ..Default::default()
+    };
+    pos = 0;
+    while pos < op.len() {
+        let key = varint(op, &mut pos)?;
+        let s = string(op, &mut pos)?.to_string();
+        match key >> 3 {
+            OP_INPUT => out.input.push(s),
+            OP_OUTPUT => out.output.push(s),
+            OP_TYPE => out.r#type = Some(s),
+            _ => out.name = Some(s),
+        }
+    }
+    Some(out)
 }
 
 impl<'a> ForwardOps<'a> {
@@ -216,6 +221,25 @@ mod tests {
         let ops = ForwardOps::Wire(w);
         assert_eq!(ops.op_type(0), "Z");
         assert_eq!(ops.op(0).unwrap().r#type(), "Z");
+    }
+
+    #[test]
+    fn names_only_ops_decode_as_protobuf_does() {
+        let mut op = OperatorDef::new("Sum", ["a", "b", "é"], ["c"]);
+        op.name = Some(String::new());
+        let mut bytes = encode(&op);
+        bytes.extend_from_slice(&[0x1a, 0x01, b'n', 0x0a, 0x01, b'd']); // name "n", input "d"
+        let direct = decode_names_only(&bytes).unwrap();
+        assert_eq!(direct, OperatorDef::decode(bytes.as_slice()).unwrap());
+        assert_eq!(direct.input, ["a", "b", "é", "d"]);
+        assert_eq!(direct.name(), "n");
+        // Anything else (an argument, a mistyped or malformed field) is left to protobuf.
+        op.arg.push(Argument::default());
+        assert!(decode_names_only(&encode(&op)).is_none());
+        assert!(decode_names_only(&[0x08, 0x01]).is_none());
+        assert!(decode_names_only(&[0x0a, 0x01, 0xff]).is_none());
+        assert!(decode_names_only(&[0x0a, 0x02, b'a']).is_none());
+        assert_eq!(decode_names_only(&[]), Some(OperatorDef::default()));
     }
 
     #[test]

@@ -211,9 +211,13 @@ impl<'a> Ir<'a> {
         for (k, op) in ops.iter().enumerate() {
             ins.clear();
             outs.clear();
-            ins.extend(op.input.iter().map(String::as_str));
-            outs.extend(op.output.iter().map(String::as_str));
-            ir.play(k, &ins, &outs);
+            for s in &op.input {
+                ins.push(ir.id(s));
+            }
+            for s in &op.output {
+                outs.push(ir.id(s));
+            }
+            ir.play_ids(k, &ins, &outs);
         }
         ir.in_start.push(ir.ins.len());
         ir.out_start.push(ir.outs.len());
@@ -226,13 +230,32 @@ impl<'a> Ir<'a> {
     pub(crate) fn from_wire(mut wire: WireOps<'a>, size_hint: usize) -> Option<Self> {
         // About 2.5 inputs and 1.5 outputs per op in typical nets (a hint only).
         let n = wire.len();
-        let (mut ins, mut outs) = (Vec::new(), Vec::new());
         let mut ir = Self::empty(ForwardOps::Decoded(&[]), n * 5 / 2, n * 3 / 2 + size_hint);
-        for k in 0..n {
-            ins.clear();
-            outs.clear();
-            wire.scan(k, &mut ins, &mut outs)?;
-            ir.play(k, &ins, &outs);
+        // Names are interned a batch of ops at a time (in the same order as one by one), so
+        // that the cache misses of the name table overlap.
+        const BATCH: usize = 32;
+        let (mut ins, mut outs) = (Vec::new(), Vec::new());
+        let (mut batch, mut counts, mut ids) = (Vec::new(), Vec::new(), Vec::new());
+        for first in (0..n).step_by(BATCH) {
+            batch.clear();
+            counts.clear();
+            for k in first..(first + BATCH).min(n) {
+                ins.clear();
+                outs.clear();
+                wire.scan(k, &mut ins, &mut outs)?;
+                batch.extend_from_slice(&ins);
+                batch.extend_from_slice(&outs);
+                counts.push((ins.len(), outs.len()));
+            }
+            ids.clear();
+            ir.names.intern_batch(&batch, &mut ids);
+            ir.register_blobs();
+            let mut at = 0;
+            for (j, &(n_in, n_out)) in counts.iter().enumerate() {
+                let (i_ids, o_ids) = ids[at..at + n_in + n_out].split_at(n_in);
+                ir.play_ids(first + j, i_ids, o_ids);
+                at += n_in + n_out;
+            }
         }
         ir.in_start.push(ir.ins.len());
         ir.out_start.push(ir.outs.len());
@@ -282,7 +305,7 @@ impl<'a> Ir<'a> {
         }
     }
 
-    fn id(&mut self, name: &'a str) -> BlobId {
+    fn id(&mut self, name: &str) -> BlobId {
         let id = self.names.intern(name);
         if id as usize >= self.frontier.len() {
             self.frontier.push(None);
@@ -321,11 +344,19 @@ impl<'a> Ir<'a> {
         self.read[id as usize] = true;
     }
 
-    /// Caffe2's `IR.Play` of op `k`, with these inputs and outputs.
-    fn play(&mut self, k: usize, inputs: &[&'a str], outputs: &[&'a str]) {
+    /// Per-blob state for every interned name.
+    fn register_blobs(&mut self) {
+        while self.frontier.len() < self.names.len() {
+            self.frontier.push(None);
+            self.read.push(false);
+            self.cur_slot.push(u32::MAX);
+        }
+    }
+
+    /// Caffe2's `IR.Play` of op `k`, with its inputs and outputs interned (and registered).
+    fn play_ids(&mut self, k: usize, inputs: &[BlobId], outputs: &[BlobId]) {
         self.in_start.push(self.ins.len());
-        for &s in inputs {
-            let id = self.id(s);
+        for &id in inputs {
             let (v, slot) = self.current(id);
             self.ins.push((id, v));
             self.in_slots.push(slot);
@@ -333,8 +364,7 @@ impl<'a> Ir<'a> {
         }
         let start = self.outs.len();
         self.out_start.push(start);
-        for &s in outputs {
-            let id = self.id(s);
+        for &id in outputs {
             let v = self.frontier[id as usize].map_or(0, |v| v + 1);
             self.new_version(id, v);
             self.outs.push((id, v));
@@ -1016,6 +1046,14 @@ impl BlobNames {
     #[inline]
     fn intern(&mut self, name: &str) -> BlobId {
         self.0.intern(name).0
+    }
+
+    fn intern_batch(&mut self, batch: &[&str], ids: &mut Vec<BlobId>) {
+        let start = ids.len();
+        let mut typed = Vec::with_capacity(batch.len());
+        self.0.intern_batch(batch, &mut typed);
+        ids.truncate(start);
+        ids.extend(typed.into_iter().map(|b| b.0));
     }
 
     #[inline]

@@ -31,6 +31,7 @@
 pub mod intern;
 pub mod netio;
 pub mod ssa;
+mod ssa_wire;
 pub mod surgery;
 pub mod wire;
 

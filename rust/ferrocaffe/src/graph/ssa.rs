@@ -114,7 +114,36 @@ impl Ssa {
         bytes: &[u8],
         start: impl IntoIterator<Item = (S, Version)>,
     ) -> Result<Ssa> {
-        Self::from_net_io(NetIo::from_bytes(bytes)?, start)
+        let start: Vec<(S, Version)> = start.into_iter().collect();
+        let start_ref: Vec<(&str, Version)> = start.iter().map(|(s, v)| (s.as_ref(), *v)).collect();
+        if let Some(ssa) = super::ssa_wire::ssa_from_bytes(bytes, &start_ref) {
+            return Ok(ssa);
+        }
+        Self::from_net_io(NetIo::from_bytes(bytes)?, start_ref)
+    }
+
+    /// An SSA from its parts (see the fields).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn from_parts(
+        names: Names,
+        in_off: Vec<u32>,
+        inputs: Vec<Slot>,
+        out_off: Vec<u32>,
+        outputs: Vec<Slot>,
+        values: Vec<(BlobId, Version)>,
+        version: Vec<Option<Version>>,
+        order: Vec<BlobId>,
+    ) -> Ssa {
+        Ssa {
+            names,
+            in_off,
+            inputs,
+            out_off,
+            outputs,
+            values,
+            version,
+            order,
+        }
     }
 
     /// [`Ssa::from_io`] consuming the [`NetIo`] (its name table moves into the result).

@@ -185,8 +185,12 @@ fn utf8<'a>(
     range: std::ops::Range<usize>,
     what: &dyn Fn() -> String,
 ) -> Result<&'a str> {
-    std::str::from_utf8(&buf[range])
-        .map_err(|_| malformed(format!("{} is not valid UTF-8", what())))
+    let b = &buf[range];
+    if b.is_ascii() {
+        // SAFETY: ASCII bytes are valid UTF-8.
+        return Ok(unsafe { std::str::from_utf8_unchecked(b) });
+    }
+    std::str::from_utf8(b).map_err(|_| malformed(format!("{} is not valid UTF-8", what())))
 }
 
 fn expect_len(wire: u8, what: &dyn Fn() -> String) -> Result<()> {
@@ -380,6 +384,67 @@ fn scan_op<V: NetVisitor>(
         }
     }
     Ok(())
+}
+
+/// `Option`-returning readers for fast paths that hand anything unusual (malformed bytes,
+/// groups) back to the checked readers above, which report it.
+pub(crate) mod quick {
+    /// A varint (at most 10 bytes).
+    #[inline(always)]
+    pub(crate) fn varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
+        let b = *buf.get(*pos)?;
+        *pos += 1;
+        if b < 0x80 {
+            return Some(u64::from(b));
+        }
+        let mut value = u64::from(b & 0x7f);
+        for shift in (7..64).step_by(7) {
+            let b = *buf.get(*pos)?;
+            *pos += 1;
+            value |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                return Some(value);
+            }
+        }
+        None
+    }
+
+    /// A length-delimited payload.
+    #[inline(always)]
+    pub(crate) fn len_delimited<'b>(buf: &'b [u8], pos: &mut usize) -> Option<&'b [u8]> {
+        let len = usize::try_from(varint(buf, pos)?).ok()?;
+        let end = pos.checked_add(len).filter(|&e| e <= buf.len())?;
+        let s = &buf[*pos..end];
+        *pos = end;
+        Some(s)
+    }
+
+    /// A length-delimited UTF-8 string (ASCII checked quickly, anything else fully).
+    #[inline(always)]
+    pub(crate) fn string<'b>(buf: &'b [u8], pos: &mut usize) -> Option<&'b str> {
+        let b = len_delimited(buf, pos)?;
+        if b.is_ascii() {
+            // SAFETY: ASCII bytes are valid UTF-8.
+            Some(unsafe { std::str::from_utf8_unchecked(b) })
+        } else {
+            std::str::from_utf8(b).ok()
+        }
+    }
+
+    /// Skips a value of wire type `wire` (groups are left to the checked readers).
+    #[inline]
+    pub(crate) fn skip(buf: &[u8], pos: &mut usize, wire: u64) -> Option<()> {
+        match wire {
+            0 => varint(buf, pos).map(drop),
+            1 | 5 => {
+                let n = if wire == 1 { 8 } else { 4 };
+                *pos = pos.checked_add(n).filter(|&e| e <= buf.len())?;
+                Some(())
+            }
+            2 => len_delimited(buf, pos).map(drop),
+            _ => None,
+        }
+    }
 }
 
 /// Appends a varint.

@@ -1,0 +1,411 @@
+//! [`Ssa::from_bytes`]'s fast path: the SSA of a serialized net computed in one pass over its
+//! ops, names borrowed from the bytes and interned a batch at a time, without the per-op
+//! tables of [`super::NetIo`] (op types are only checked, not interned).
+//!
+//! It accepts exactly the nets the checked reader accepts, minus the unusual ones (groups,
+//! malformed bytes, versions that could overflow), which it hands back (`None`) so that the
+//! checked reader reports them; and it gives the same result, blob ids included (names are
+//! interned in the order the checked reader interns them).
+
+use super::intern::{BlobId, Names};
+use super::ssa::{Slot, Ssa, ValueId, Version};
+use super::wire::quick::{skip, string, varint};
+use super::wire::{NET_EXTERNAL_INPUT, NET_EXTERNAL_OUTPUT, NET_OP, OP_INPUT, OP_OUTPUT};
+use crate::graph::FxHashMap;
+
+const LEN: u64 = 2;
+const OP_TYPE: u64 = 4;
+const NONE: u32 = u32::MAX;
+
+/// Ops interned per batch: their names are hashed and their table slots touched together,
+/// so that the cache misses of a batch overlap.
+const BATCH_OPS: usize = 32;
+
+/// The top-level fields the SSA needs.
+struct Outline<'b> {
+    ops: Vec<&'b [u8]>,
+    external_inputs: Vec<&'b str>,
+    external_outputs: Vec<&'b str>,
+}
+
+/// The ops and external inputs and outputs, if the net is plainly well-formed and its
+/// external inputs and outputs follow its ops (as protobuf writes them).
+fn outline(bytes: &[u8]) -> Option<Outline<'_>> {
+    u32::try_from(bytes.len()).ok()?;
+    let mut out = Outline {
+        ops: Vec::with_capacity(bytes.len() / 32 + 1),
+        external_inputs: Vec::new(),
+        external_outputs: Vec::new(),
+    };
+    let mut pos = 0;
+    while pos < bytes.len() {
+        let key = varint(bytes, &mut pos)?;
+        let (field, wire) = (key >> 3, key & 7);
+        if field == 0 {
+            return None;
+        }
+        match u32::try_from(field).ok()? {
+            NET_OP | NET_EXTERNAL_INPUT | NET_EXTERNAL_OUTPUT if wire != LEN => return None,
+            NET_OP => {
+                if !out.external_inputs.is_empty() || !out.external_outputs.is_empty() {
+                    return None;
+                }
+                out.ops
+                    .push(super::wire::quick::len_delimited(bytes, &mut pos)?);
+            }
+            NET_EXTERNAL_INPUT => out.external_inputs.push(string(bytes, &mut pos)?),
+            NET_EXTERNAL_OUTPUT => out.external_outputs.push(string(bytes, &mut pos)?),
+            _ => skip(bytes, &mut pos, wire)?,
+        }
+    }
+    Some(out)
+}
+
+/// Appends the inputs and then the outputs of a serialized op to `names`; returns how many
+/// inputs it has. The type must be a string, as the checked reader requires; `None` for an op
+/// whose inputs do not all precede its outputs (as protobuf writes them).
+fn scan_op<'b>(op: &'b [u8], names: &mut Vec<&'b str>, outs: &mut Vec<&'b str>) -> Option<usize> {
+    let start = names.len();
+    outs.clear();
+    let mut pos = 0;
+    while pos < op.len() {
+        let key = varint(op, &mut pos)?;
+        let (field, wire) = (key >> 3, key & 7);
+        match field {
+            0 => return None,
+            1 | 2 | OP_TYPE => {
+                if wire != LEN {
+                    return None;
+                }
+                let s = string(op, &mut pos)?;
+                if field == u64::from(OP_INPUT) {
+                    if !outs.is_empty() {
+                        return None;
+                    }
+                    names.push(s);
+                } else if field == u64::from(OP_OUTPUT) {
+                    outs.push(s);
+                }
+            }
+            _ => skip(op, &mut pos, wire)?,
+        }
+    }
+    let n_in = names.len() - start;
+    names.extend_from_slice(outs);
+    Some(n_in)
+}
+
+/// The state of the versioning pass.
+struct Pass {
+    version: Vec<Option<Version>>,
+    current: Vec<u32>,
+    /// Per blob: whether some op-phase event would add it to `blob_versions` (see
+    /// [`Pass::finish`]), and the blobs in the order of those first events.
+    added: Vec<bool>,
+    events: Vec<BlobId>,
+    values: Vec<(BlobId, Version)>,
+    inputs: Vec<Slot>,
+    outputs: Vec<Slot>,
+    in_off: Vec<u32>,
+    out_off: Vec<u32>,
+}
+
+impl Pass {
+    fn grow(&mut self, n: usize, start: &FxHashMap<&str, Version>, names: &Names) {
+        while self.version.len() < n {
+            let id = BlobId(self.version.len() as u32);
+            let v = if start.is_empty() {
+                None
+            } else {
+                start.get(names.name(id)).copied()
+            };
+            self.version.push(v);
+            self.current.push(NONE);
+            self.added.push(false);
+        }
+    }
+
+    fn event(&mut self, b: BlobId) {
+        if !self.added[b.index()] {
+            self.added[b.index()] = true;
+            self.events.push(b);
+        }
+    }
+
+    fn op(&mut self, ins: &[BlobId], outs: &[BlobId], declared: bool) {
+        for &b in ins {
+            let i = b.index();
+            if !declared && self.version[i].is_none() {
+                self.version[i] = Some(0);
+                self.event(b);
+            }
+            let v = self.version[i].unwrap_or(0);
+            if self.current[i] == NONE {
+                self.current[i] = self.values.len() as u32;
+                self.values.push((b, v));
+            }
+            self.inputs.push(Slot {
+                blob: b,
+                version: v,
+                value: ValueId(self.current[i]),
+            });
+        }
+        for &b in outs {
+            let i = b.index();
+            let v = match self.version[i] {
+                Some(v) => v + 1,
+                None => {
+                    self.event(b);
+                    1
+                }
+            };
+            self.version[i] = Some(v);
+            self.current[i] = self.values.len() as u32;
+            self.values.push((b, v));
+        }
+        for &b in outs {
+            let i = b.index();
+            self.outputs.push(Slot {
+                blob: b,
+                version: self.version[i].unwrap_or(0),
+                value: ValueId(self.current[i]),
+            });
+        }
+        self.in_off.push(self.inputs.len() as u32);
+        self.out_off.push(self.outputs.len() as u32);
+    }
+}
+
+/// The SSA of a serialized net with starting versions `start`, or `None` to let the checked
+/// reader handle it.
+pub(crate) fn ssa_from_bytes(bytes: &[u8], start: &[(&str, Version)]) -> Option<Ssa> {
+    let net = outline(bytes)?;
+    let n_ops = net.ops.len();
+    let mut names = Names::with_capacity(bytes.len() / 24, bytes.len() / 2);
+    // Starting versions by name (later duplicates win, as dict assignment would).
+    let mut start_map: FxHashMap<&str, Version> = FxHashMap::default();
+    for &(n, v) in start {
+        start_map.insert(n, v);
+    }
+    // No version can overflow: each output (at least 2 bytes) bumps one version by one. (The
+    // checked reader reports the nets where one could.)
+    let max_start = start.iter().map(|s| s.1).max().unwrap_or(0);
+    max_start.checked_add(bytes.len() as i64)?;
+    let declared = !net.external_inputs.is_empty();
+    let mut pass = Pass {
+        version: Vec::new(),
+        current: Vec::new(),
+        added: Vec::new(),
+        events: Vec::new(),
+        values: Vec::with_capacity(n_ops * 2 + 8),
+        inputs: Vec::with_capacity(n_ops * 3),
+        outputs: Vec::with_capacity(n_ops + n_ops / 2),
+        in_off: Vec::with_capacity(n_ops + 1),
+        out_off: Vec::with_capacity(n_ops + 1),
+    };
+    pass.in_off.push(0);
+    pass.out_off.push(0);
+    let mut batch: Vec<&str> = Vec::new();
+    let mut counts: Vec<(usize, usize)> = Vec::with_capacity(BATCH_OPS);
+    let mut ids: Vec<BlobId> = Vec::new();
+    let mut outs: Vec<&str> = Vec::new();
+    for chunk in net.ops.chunks(BATCH_OPS) {
+        batch.clear();
+        counts.clear();
+        for op in chunk {
+            let before = batch.len();
+            let n_in = scan_op(op, &mut batch, &mut outs)?;
+            counts.push((n_in, batch.len() - before - n_in));
+        }
+        ids.clear();
+        names.intern_batch(&batch, &mut ids);
+        pass.grow(names.len(), &start_map, &names);
+        let mut at = 0;
+        for &(n_in, n_out) in &counts {
+            let ins = &ids[at..at + n_in];
+            let outs = &ids[at + n_in..at + n_in + n_out];
+            pass.op(ins, outs, declared);
+            at += n_in + n_out;
+        }
+    }
+    // Names the checked reader interns after the ops' ones.
+    let ext_in: Vec<BlobId> = net
+        .external_inputs
+        .iter()
+        .map(|n| names.intern(n))
+        .collect();
+    for n in &net.external_outputs {
+        names.intern(n);
+    }
+    let start_ids: Vec<(BlobId, Version)> =
+        start.iter().map(|&(n, v)| (names.intern(n), v)).collect();
+    pass.grow(names.len(), &start_map, &names);
+    Some(pass.finish(names, &ext_in, &start_ids))
+}
+
+impl Pass {
+    /// `blob_versions` in Caffe2's order: the starting items, the external inputs, then each
+    /// blob at its first op-phase event (its first write, or with no declared external input
+    /// its first read) unless it was already there.
+    fn finish(mut self, names: Names, ext_in: &[BlobId], start: &[(BlobId, Version)]) -> Ssa {
+        let mut in_order = vec![false; names.len()];
+        let mut order = Vec::with_capacity(self.events.len() + start.len() + ext_in.len());
+        for &(b, _) in start {
+            if !in_order[b.index()] {
+                in_order[b.index()] = true;
+                order.push(b);
+            }
+        }
+        for &b in ext_in {
+            if !in_order[b.index()] {
+                in_order[b.index()] = true;
+                order.push(b);
+                // Declared and never written: version 0.
+                self.version[b.index()].get_or_insert(0);
+            }
+        }
+        for &b in &self.events {
+            if !in_order[b.index()] {
+                in_order[b.index()] = true;
+                order.push(b);
+            }
+        }
+        Ssa::from_parts(
+            names,
+            self.in_off,
+            self.inputs,
+            self.out_off,
+            self.outputs,
+            self.values,
+            self.version,
+            order,
+        )
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::graph::NetIo;
+    use crate::proto::{encode, Argument, NetDef, OperatorDef};
+
+    fn checked(bytes: &[u8], start: &[(&str, Version)]) -> Ssa {
+        Ssa::from_net_io(NetIo::from_bytes(bytes).unwrap(), start.iter().copied()).unwrap()
+    }
+
+    fn same(a: &Ssa, b: &Ssa) {
+        let names = |s: &Ssa| {
+            s.names()
+                .iter()
+                .map(|(_, n)| n.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(a), names(b));
+        assert_eq!(a.len(), b.len());
+        for op in 0..a.len() {
+            assert_eq!(a.inputs(op), b.inputs(op), "inputs of op {op}");
+            assert_eq!(a.outputs(op), b.outputs(op), "outputs of op {op}");
+        }
+        assert_eq!(a.num_values(), b.num_values());
+        let bv = |s: &Ssa| s.blob_version_ids().collect::<Vec<_>>();
+        assert_eq!(bv(a), bv(b));
+        for (id, _) in a.names().iter() {
+            assert_eq!(a.version_of(id), b.version_of(id));
+        }
+    }
+
+    /// A deterministic pseudo-random net: ops reading and writing a small pool of blobs
+    /// (in-place ops, repeated inputs and outputs), some with arguments.
+    fn net(seed: u64, n_ops: usize, declared: bool) -> NetDef {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let mut net = NetDef::default();
+        if declared {
+            net.external_input = (0..3).map(|k| format!("b{k}")).collect();
+        }
+        for _ in 0..n_ops {
+            let ins: Vec<String> = (0..next(4)).map(|_| format!("b{}", next(12))).collect();
+            let outs: Vec<String> = (0..1 + next(2)).map(|_| format!("b{}", next(12))).collect();
+            let mut op = OperatorDef::new("Op", ins, outs);
+            if next(3) == 0 {
+                op.arg.push(Argument {
+                    name: Some("a".into()),
+                    i: Some(1),
+                    ..Default::default()
+                });
+            }
+            net.op.push(op);
+        }
+        net.external_output.push("b1".into());
+        net
+    }
+
+    #[test]
+    fn same_as_the_checked_reader() {
+        for seed in 0..40 {
+            for declared in [false, true] {
+                let bytes = encode(&net(seed, 50 + seed as usize, declared));
+                for start in [&[][..], &[("b3", 7), ("zz", 2), ("b3", 9)][..]] {
+                    let fast = ssa_from_bytes(&bytes, start).unwrap();
+                    same(&fast, &checked(&bytes, start));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unusual_nets_go_to_the_checked_reader() {
+        let n = net(1, 5, true);
+        // External inputs before the ops.
+        let mut head = encode(&NetDef {
+            external_input: vec!["q".into()],
+            ..Default::default()
+        });
+        head.extend(encode(&NetDef {
+            op: n.op.clone(),
+            ..Default::default()
+        }));
+        assert!(ssa_from_bytes(&head, &[]).is_none());
+        same(
+            &Ssa::from_bytes(&head, None::<(&str, Version)>).unwrap(),
+            &checked(&head, &[]),
+        );
+        // An output before an input inside an op.
+        let odd = NetDef {
+            op: vec![OperatorDef {
+                output: vec!["o".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut bytes = encode(&odd);
+        // Append an input to the op: rewrite the op with output then input.
+        bytes.clear();
+        let op_bytes = [0x12u8, 0x01, b'o', 0x0a, 0x01, b'i'];
+        bytes.push(0x12);
+        bytes.push(op_bytes.len() as u8);
+        bytes.extend_from_slice(&op_bytes);
+        assert!(ssa_from_bytes(&bytes, &[]).is_none());
+        same(
+            &Ssa::from_bytes(&bytes, None::<(&str, Version)>).unwrap(),
+            &checked(&bytes, &[]),
+        );
+        // Malformed: the checked reader's error.
+        assert!(ssa_from_bytes(&[0x12, 0x05], &[]).is_none());
+        assert!(Ssa::from_bytes(&[0x12, 0x05], None::<(&str, Version)>).is_err());
+        // A starting version that could overflow.
+        let bytes = encode(&n);
+        assert!(ssa_from_bytes(&bytes, &[("b1", i64::MAX)]).is_none());
+        assert!(Ssa::from_bytes(&bytes, [("b1", i64::MAX)]).is_err());
+        // A mistyped op type.
+        let bad_type = [0x12u8, 0x02, 0x20, 0x01];
+        assert!(ssa_from_bytes(&bad_type, &[]).is_none());
+        assert!(Ssa::from_bytes(&bad_type, None::<(&str, Version)>).is_err());
+    }
+}
