@@ -36,6 +36,11 @@ def ssa_get_ssa(
 ) -> tuple[list[SsaOp], dict[str, int]]:
     """``core.get_ssa`` on a serialized NetDef; ``start`` holds the starting blob versions."""
 
+def ssa_get_op_ids_in_path(
+    ssa: list[SsaOp], inputs: list[Versioned], outputs: list[Versioned]
+) -> list[int]:
+    """Indices of the ops on a path from ``inputs`` to ``outputs``, sorted."""
+
 # --- Graph surgery (``ferrocaffe.graph`` wraps these; nets cross as NetDef bytes) -----------
 def graph_producer_map(net: bytes) -> dict[Versioned, tuple[int, int]]: ...
 def graph_consumer_map(net: bytes) -> dict[Versioned, list[tuple[int, int]]]: ...

@@ -2,9 +2,9 @@
 ``get_output_producers`` and ``get_op_ids_in_path``.
 
 The versioning runs in the Rust core (``ferrocaffe.graph`` in the crate) on the serialized
-NetDef; the functions that take an ``ssa`` list are plain loops over its Python objects
-(reading such lists into native code costs more than the work). They return exactly what
-Caffe2's did: ``ssa`` is a list with one
+NetDef; ``get_undefined_blobs`` and ``get_output_producers`` are plain loops over the Python
+objects of an ``ssa`` list (reading such a list into native code costs more than their work),
+``get_op_ids_in_path`` walks it natively. They return exactly what Caffe2's did: ``ssa`` is a list with one
 ``(inputs, outputs)`` tuple per op, each a list of ``(blob_name, version)`` tuples, and
 ``blob_versions`` is a dict from blob name to its latest version. The first write of a blob is
 version 1; external inputs (and, when a net declares none, every input read before it is
@@ -68,19 +68,6 @@ def get_output_producers(ssa):
 def get_op_ids_in_path(ssa, blob_versions, inputs, outputs):
     """The sorted indices of the ops needed to compute ``outputs`` from ``inputs``, both taken
     at their latest version in ``blob_versions`` (a missing name raises ``KeyError``)."""
-    stop = {(str(i), blob_versions[str(i)]) for i in inputs}
-    producer = get_output_producers(ssa).get
-    queue = [(str(o), blob_versions[str(o)]) for o in outputs]
-    pop, extend = queue.pop, queue.extend
-    used = set()
-    while queue:
-        versioned = pop()
-        if versioned in stop:
-            continue
-        op_id = producer(versioned)  # op indices are ints: None means "no producer"
-        if op_id is None or op_id in used:
-            continue
-        used.add(op_id)
-        op_inputs, _ = ssa[op_id]
-        extend(op_inputs)
-    return sorted(used)
+    versioned_inputs = [(str(i), blob_versions[str(i)]) for i in inputs]
+    versioned_outputs = [(str(o), blob_versions[str(o)]) for o in outputs]
+    return _native.ssa_get_op_ids_in_path(ssa, versioned_inputs, versioned_outputs)

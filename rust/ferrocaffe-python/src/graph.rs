@@ -61,6 +61,157 @@ impl<'py, 's> Objects<'py, 's> {
     }
 }
 
+/// A `str` from a Python object (`str(obj)` for non-strings, e.g. BlobReferences).
+fn text(obj: &Bound<'_, PyAny>, buf: &mut String) -> PyResult<()> {
+    buf.clear();
+    match obj.cast::<PyString>() {
+        Ok(s) => buf.push_str(s.to_str()?),
+        Err(_) => buf.push_str(obj.str()?.to_str()?),
+    }
+    Ok(())
+}
+
+/// A small direct-mapped cache keyed by object identity. Entries hold a reference to their
+/// object, so an address cannot be reused by another object while it is cached.
+struct IdentityCache<'py, T: Copy> {
+    entries: Vec<Option<(Bound<'py, PyAny>, T)>>,
+}
+
+impl<'py, T: Copy> IdentityCache<'py, T> {
+    const SIZE: usize = 4096;
+
+    fn new() -> Self {
+        IdentityCache {
+            entries: (0..Self::SIZE).map(|_| None).collect(),
+        }
+    }
+
+    fn slot(obj: &Bound<'py, PyAny>) -> usize {
+        let p = obj.as_ptr() as usize;
+        (p >> 4 ^ p >> 16) & (Self::SIZE - 1)
+    }
+
+    fn get(&self, obj: &Bound<'py, PyAny>) -> Option<T> {
+        match &self.entries[Self::slot(obj)] {
+            Some((o, t)) if o.is(obj) => Some(*t),
+            _ => None,
+        }
+    }
+
+    fn put(&mut self, obj: &Bound<'py, PyAny>, t: T) {
+        self.entries[Self::slot(obj)] = Some((obj.clone(), t));
+    }
+}
+
+/// Converts a Caffe2 `ssa` list (`[(inputs, outputs), ...]` of `(name, version)` pairs).
+///
+/// `get_ssa` returns one shared tuple per versioned blob and one shared string per name, so
+/// identity caches skip re-reading most of them.
+struct SsaReader<'py> {
+    builder: ferrocaffe::graph::SsaBuilder,
+    names: IdentityCache<'py, ferrocaffe::graph::BlobId>,
+    values: IdentityCache<'py, ValueId>,
+    buf: String,
+}
+
+impl<'py> SsaReader<'py> {
+    fn read(ssa: &Bound<'py, PyAny>) -> PyResult<Ssa> {
+        let hint = ssa.len().unwrap_or(0);
+        let mut r = SsaReader {
+            builder: Ssa::builder_with_capacity(hint),
+            names: IdentityCache::new(),
+            values: IdentityCache::new(),
+            buf: String::new(),
+        };
+        for op in ssa.try_iter()? {
+            let op = op?;
+            let (ins, outs) = match op.cast::<PyTuple>() {
+                Ok(t) if t.len() == 2 => (t.get_item(0)?, t.get_item(1)?),
+                _ => {
+                    let mut parts = op.try_iter()?;
+                    match (parts.next(), parts.next(), parts.next()) {
+                        (Some(i), Some(o), None) => (i?, o?),
+                        _ => {
+                            return Err(pyo3::exceptions::PyValueError::new_err(
+                                "each ssa entry must be an (inputs, outputs) pair",
+                            ))
+                        }
+                    }
+                }
+            };
+            r.side(&ins, true)?;
+            r.side(&outs, false)?;
+            r.builder.end_op();
+        }
+        Ok(r.builder.build())
+    }
+
+    fn side(&mut self, items: &Bound<'py, PyAny>, inputs: bool) -> PyResult<()> {
+        let push = |r: &mut Self, item: &Bound<'py, PyAny>| -> PyResult<()> {
+            let v = r.value(item)?;
+            if inputs {
+                r.builder.input_value(v);
+            } else {
+                r.builder.output_value(v);
+            }
+            Ok(())
+        };
+        if let Ok(list) = items.cast::<PyList>() {
+            for item in list.iter() {
+                push(self, &item)?;
+            }
+        } else {
+            for item in items.try_iter()? {
+                push(self, &item?)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn value(&mut self, item: &Bound<'py, PyAny>) -> PyResult<ValueId> {
+        if let Some(v) = self.values.get(item) {
+            return Ok(v);
+        }
+        let (name, version) = match item.cast::<PyTuple>() {
+            Ok(t) if t.len() == 2 => (t.get_item(0)?, t.get_item(1)?),
+            _ => {
+                let mut it = item.try_iter()?;
+                match (it.next(), it.next(), it.next()) {
+                    (Some(n), Some(v), None) => (n?, v?),
+                    _ => {
+                        return Err(pyo3::exceptions::PyValueError::new_err(
+                            "a versioned blob must be a (name, version) pair",
+                        ))
+                    }
+                }
+            }
+        };
+        // Only immutable objects (exact str, exact tuple of str and int) are cached.
+        let exact_name = name.is_exact_instance_of::<PyString>();
+        let blob = match self.names.get(&name) {
+            Some(b) => b,
+            None => {
+                text(&name, &mut self.buf)?;
+                let b = self.builder.blob(&self.buf);
+                if exact_name {
+                    self.names.put(&name, b);
+                }
+                b
+            }
+        };
+        let exact_version = version.is_exact_instance_of::<pyo3::types::PyInt>();
+        let v = self.builder.value(blob, version.extract::<Version>()?);
+        if exact_name && exact_version && item.is_exact_instance_of::<PyTuple>() {
+            self.values.put(item, v);
+        }
+        Ok(v)
+    }
+}
+
+fn ssa_from_py(ssa: &Bound<'_, PyAny>) -> PyResult<Ssa> {
+    SsaReader::read(ssa)
+}
+
 /// Owned references to Python objects, released when dropped (null entries are skipped).
 struct OwnedRefs(Vec<*mut pyo3::ffi::PyObject>);
 
@@ -223,6 +374,22 @@ fn ssa_get_ssa<'py>(
     Ok((ops, versions))
 }
 
+/// `core.get_op_ids_in_path(ssa, ...)` with the versions of `inputs` and `outputs` resolved.
+#[pyfunction]
+fn ssa_get_op_ids_in_path(
+    py: Python<'_>,
+    ssa: &Bound<'_, PyAny>,
+    inputs: Vec<(String, Version)>,
+    outputs: Vec<(String, Version)>,
+) -> PyResult<Vec<usize>> {
+    let ssa = ssa_from_py(ssa)?;
+    Ok(py.detach(|| {
+        let ins: Vec<(&str, Version)> = inputs.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+        let outs: Vec<(&str, Version)> = outputs.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+        ssa.op_ids_in_path(&ins, &outs)
+    }))
+}
+
 /// `{(name, version): (op, output_index)}` over the ops of `net`.
 #[pyfunction]
 fn graph_producer_map<'py>(py: Python<'py>, net: &[u8]) -> PyResult<Bound<'py, PyDict>> {
@@ -379,6 +546,7 @@ fn graph_versioned_external_outputs(
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ssa_get_ssa, m)?)?;
+    m.add_function(wrap_pyfunction!(ssa_get_op_ids_in_path, m)?)?;
     m.add_function(wrap_pyfunction!(graph_producer_map, m)?)?;
     m.add_function(wrap_pyfunction!(graph_consumer_map, m)?)?;
     m.add_function(wrap_pyfunction!(graph_rename_op_input, m)?)?;

@@ -8,8 +8,11 @@
 //! gradient op output produces the gradient of which input version (the *generators*), and sums
 //! the gradients of blob versions read by several ops once the first reader is reached.
 //!
-//! Blob names are interned to dense ids; per-blob state lives in vectors, per-version state in
-//! hash maps, so a pass is linear in the size of the graph.
+//! Blob names are interned to dense ids; per-blob and per-version state lives in vectors, so a
+//! pass is linear in the size of the graph. The forward ops may be decoded `OperatorDef`s or
+//! serialized ones read in place (see `forward`: names borrowed from the bytes, one op decoded
+//! while its gradient is made), and the gradient ops may be serialized as soon as nothing can
+//! change them any more (see `grad_ops`), which keeps large passes small in memory.
 
 use std::sync::OnceLock;
 
