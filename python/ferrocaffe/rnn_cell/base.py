@@ -32,6 +32,12 @@ def _RectifyNames(blob_references_or_names):
     return [_RectifyName(i) for i in blob_references_or_names]
 
 
+def _abstract(cell):
+    """Caffe2's RNNCell base methods that subclasses must override raise this error; callers
+    (and Caffe2 code that catches it) rely on the exact exception type."""
+    raise NotImplementedError(f"Abstract method of {type(cell).__name__}")
+
+
 class RNNCell:
     """Base class of recurrent cells.
 
@@ -160,7 +166,7 @@ class RNNCell:
         extra_inputs: [(blob, dim)] inputs not passed through prepare_input.
         Returns the new states.
         """
-        raise NotImplementedError("Abstract method")
+        _abstract(self)
 
     def prepare_input(self, model, input_blob):
         """Work that depends only on the input, done once over the whole sequence."""
@@ -176,11 +182,11 @@ class RNNCell:
 
     def get_state_names_override(self):
         """The unscoped names of the recurrent states, to be implemented by subclasses."""
-        raise NotImplementedError("Abstract method")
+        _abstract(self)
 
     def get_output_dim(self):
         """Size of the step's output, to be implemented by subclasses."""
-        raise NotImplementedError("Abstract method")
+        _abstract(self)
 
     def _prepare_output(self, model, states):
         return states[self.get_output_state_index()]
