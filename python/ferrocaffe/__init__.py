@@ -5,6 +5,9 @@ The modules mirror Caffe2's: ``ferrocaffe.core``, ``ferrocaffe.scope``, ``ferroc
 resolve to them.
 """
 
+from ferrocaffe import blas as _blas
 from ferrocaffe._native import __version__
+
+_blas.autoload()
 
 __all__ = ["__version__"]

@@ -4,6 +4,8 @@ Keep in step with the ``#[pyfunction]``s registered in rust/ferrocaffe-python/sr
 tests/test_native_stubs.py checks that every public name here exists there and vice versa.
 """
 
+import os
+
 __version__: str
 
 class DecodeError(ValueError):
@@ -143,3 +145,8 @@ class Workspace:
 
 def kernel_types() -> list[str]:
     """Op types that have a kernel, sorted."""
+
+# --- blas ---
+def blas_load(path: str | os.PathLike[str]) -> None: ...
+def blas_set_enabled(enabled: bool) -> None: ...
+def blas_backend() -> str: ...

@@ -8,6 +8,7 @@ use pyo3::types::PyBytes;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod autodiff;
+mod blas;
 mod errors;
 mod graph;
 
@@ -51,6 +52,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     graph::register(m)?;
     autodiff::register(m)?;
+    blas::register(m)?;
     workspace::register(m)?;
     Ok(())
 }

@@ -20,6 +20,7 @@
 //! ```
 
 pub mod autodiff;
+pub mod blas;
 pub mod error;
 pub mod graph;
 pub mod kernels;

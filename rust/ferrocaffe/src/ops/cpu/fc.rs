@@ -1,5 +1,5 @@
 //! Fully connected layers: FC (`Y = X W^T + b`), FCTransposed (`Y = X W + b`) and their
-//! gradient ops, on the `gemm` crate's single-precision GEMM (AVX2/AVX-512, threaded on rayon).
+//! gradient ops, on [`crate::blas::sgemm`].
 //!
 //! X is flattened to `M x K` at `axis` (default 1), W to `N x K` (`K x N` transposed) at
 //! `axis_w` (default 1); Y has X's dims before `axis` followed by N.
@@ -17,69 +17,7 @@ pub fn register(r: &mut Registry) {
     r.cpu("FCTransposedGradient", |i| create(i, true, true));
 }
 
-/// `C = alpha * op(A) * op(B) + beta * C` for row-major f32 matrices, where `op(A)` is
-/// `m x k` and `op(B)` is `k x n`.
-#[allow(clippy::too_many_arguments)]
-pub fn sgemm(
-    trans_a: bool,
-    trans_b: bool,
-    m: usize,
-    n: usize,
-    k: usize,
-    alpha: f32,
-    a: &[f32],
-    b: &[f32],
-    beta: f32,
-    c: &mut [f32],
-) {
-    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
-    if m == 0 || n == 0 {
-        return;
-    }
-    let (rsa, csa) = if trans_a {
-        (1, m as isize)
-    } else {
-        (k as isize, 1)
-    };
-    let (rsb, csb) = if trans_b {
-        (1, k as isize)
-    } else {
-        (n as isize, 1)
-    };
-    // Parallel only when called from outside a worker pool: a pool thread waiting for its
-    // GEMM's subtasks may run other queued ops, which could block on a blob lock that the
-    // waiting op holds further up the same stack.
-    let par = if m * n * k >= 1 << 18 && rayon::current_thread_index().is_none() {
-        gemm::Parallelism::Rayon(0)
-    } else {
-        gemm::Parallelism::None
-    };
-    // SAFETY: strides describe matrices within the asserted lengths; gemm computes
-    // dst = beta_dst * dst + alpha * lhs * rhs with (alpha, beta) named (alpha, beta) below.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            n as isize,
-            beta != 0.0,
-            a.as_ptr(),
-            csa,
-            rsa,
-            b.as_ptr(),
-            csb,
-            rsb,
-            beta,
-            alpha,
-            false,
-            false,
-            false,
-            par,
-        )
-    }
-}
+pub use crate::blas::sgemm;
 
 struct Fc {
     axis: isize,

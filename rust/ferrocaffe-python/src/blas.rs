@@ -1,0 +1,30 @@
+//! The GEMM backend switch of `ferrocaffe::blas`, for `ferrocaffe.blas`.
+
+use pyo3::prelude::*;
+
+use crate::errors::IntoPy;
+
+/// Loads a CBLAS shared library (`cblas_sgemm` or `scipy_cblas_sgemm`) for every GEMM.
+#[pyfunction]
+fn blas_load(py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+    py.detach(|| ferrocaffe::blas::load_cblas(&path)).py()
+}
+
+/// Turns the loaded CBLAS library on or off (the `gemm` crate runs when off).
+#[pyfunction]
+fn blas_set_enabled(enabled: bool) {
+    ferrocaffe::blas::set_cblas_enabled(enabled);
+}
+
+/// `"cblas:<path>"` or `"gemm"`.
+#[pyfunction]
+fn blas_backend() -> String {
+    ferrocaffe::blas::backend()
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(blas_load, m)?)?;
+    m.add_function(wrap_pyfunction!(blas_set_enabled, m)?)?;
+    m.add_function(wrap_pyfunction!(blas_backend, m)?)?;
+    Ok(())
+}

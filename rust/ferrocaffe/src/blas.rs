@@ -1,0 +1,335 @@
+//! Single-precision GEMM for every kernel that multiplies matrices (FC, MatMul, BatchMatMul,
+//! Conv, ConvTranspose and through them the RNN step nets).
+//!
+//! Two backends behind one function, [`sgemm`]:
+//! - the pure-Rust `gemm` crate (always available, the default for Rust users);
+//! - a CBLAS library loaded at run time with [`load_cblas`] (for example the OpenBLAS that
+//!   the `scipy-openblas32` Python package ships, which the Python package loads when it is
+//!   installed). On 2-core x86 machines OpenBLAS's hand-tuned kernels run 1.1-1.4x faster
+//!   than `gemm` at the sizes of FC layers; `benchmarks/bench_runtime.py` measures both.
+//!
+//! Loading is explicit and happens once per process; [`set_cblas_enabled`] switches between
+//! the backends afterwards (tests compare them), and [`backend`] names the one in use.
+
+use std::ffi::c_int;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+use crate::error::{Error, Result};
+
+/// `cblas_sgemm`'s C signature (row/column order, transposes, sizes, leading dimensions),
+/// generic over the integer width: `c_int` for LP64 builds, `i64` for ILP64 builds (the
+/// `*64_` symbols of the OpenBLAS that numpy bundles).
+type CblasSgemm<I> = unsafe extern "C" fn(
+    order: I,
+    trans_a: I,
+    trans_b: I,
+    m: I,
+    n: I,
+    k: I,
+    alpha: f32,
+    a: *const f32,
+    lda: I,
+    b: *const f32,
+    ldb: I,
+    beta: f32,
+    c: *mut f32,
+    ldc: I,
+);
+
+const CBLAS_ROW_MAJOR: i64 = 101;
+const CBLAS_NO_TRANS: i64 = 111;
+const CBLAS_TRANS: i64 = 112;
+
+/// LP64 symbol names tried in order: the reference CBLAS name, then the prefixed name of
+/// the `scipy-openblas32` builds.
+const SGEMM_SYMBOLS: [&[u8]; 2] = [b"cblas_sgemm\0", b"scipy_cblas_sgemm\0"];
+/// ILP64 symbol names (64-bit integers): OpenBLAS's `64_` suffix, with and without the
+/// `scipy_` prefix of the build numpy bundles.
+const SGEMM64_SYMBOLS: [&[u8]; 2] = [b"scipy_cblas_sgemm64_\0", b"cblas_sgemm64_\0"];
+
+#[derive(Clone, Copy)]
+enum SgemmFn {
+    Lp64(CblasSgemm<c_int>),
+    Ilp64(CblasSgemm<i64>),
+}
+
+struct Cblas {
+    /// Keeps the library mapped for as long as `sgemm` may be called (the whole process).
+    _library: libloading::Library,
+    sgemm: SgemmFn,
+    path: String,
+}
+
+static CBLAS: OnceLock<Cblas> = OnceLock::new();
+static CBLAS_ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Loads a CBLAS shared library and uses its `sgemm` from now on. Loading the library that
+/// is already loaded is a no-op; a second, different library is an error (a process keeps
+/// one BLAS).
+///
+/// # Errors
+/// The file cannot be loaded as a shared library, or exports neither `cblas_sgemm` nor
+/// `scipy_cblas_sgemm`.
+pub fn load_cblas(path: &Path) -> Result<()> {
+    let shown = path.display().to_string();
+    if let Some(loaded) = CBLAS.get() {
+        return if loaded.path == shown {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "a CBLAS library is already loaded ({}); cannot also load {shown}",
+                loaded.path
+            )))
+        };
+    }
+    // SAFETY: loading a shared library runs its initialisers; the caller names a BLAS
+    // library, whose initialisers only set up its thread pool and CPU dispatch.
+    let library = unsafe { libloading::Library::new(path) }
+        .map_err(|e| Error::InvalidArgument(format!("cannot load CBLAS library {shown}: {e}")))?;
+    let mut found = None;
+    for symbol in SGEMM_SYMBOLS {
+        // SAFETY: the symbol, when present, is an LP64 CBLAS sgemm (signature above).
+        if let Ok(f) = unsafe { library.get::<CblasSgemm<c_int>>(symbol) } {
+            found = Some(SgemmFn::Lp64(*f));
+            break;
+        }
+    }
+    for symbol in SGEMM64_SYMBOLS {
+        if found.is_some() {
+            break;
+        }
+        // SAFETY: the symbol, when present, is an ILP64 CBLAS sgemm (signature above).
+        if let Ok(f) = unsafe { library.get::<CblasSgemm<i64>>(symbol) } {
+            found = Some(SgemmFn::Ilp64(*f));
+        }
+    }
+    let sgemm = found.ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "{shown} exports no cblas_sgemm (nor its scipy_ / 64_ variants): not a CBLAS library"
+        ))
+    })?;
+    let _ = CBLAS.set(Cblas {
+        _library: library,
+        sgemm,
+        path: shown,
+    });
+    Ok(())
+}
+
+/// Turns the loaded CBLAS library on or off (it is on once loaded); without one loaded,
+/// the `gemm` crate runs either way.
+pub fn set_cblas_enabled(enabled: bool) {
+    CBLAS_ENABLED.store(enabled, Ordering::Relaxed);
+}
+
+/// The backend [`sgemm`] uses now: `"cblas:<path>"` or `"gemm"`.
+pub fn backend() -> String {
+    match active_cblas() {
+        Some(c) => format!("cblas:{}", c.path),
+        None => "gemm".to_string(),
+    }
+}
+
+fn active_cblas() -> Option<&'static Cblas> {
+    CBLAS
+        .get()
+        .filter(|_| CBLAS_ENABLED.load(Ordering::Relaxed))
+}
+
+/// `C = alpha * op(A) * op(B) + beta * C` for row-major f32 matrices, where `op(A)` is
+/// `m x k` and `op(B)` is `k x n`; `beta == 0` overwrites `C` (NaNs in it included).
+///
+/// # Panics
+/// If a slice is shorter than its matrix (callers check shapes first).
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm(
+    trans_a: bool,
+    trans_b: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+) {
+    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if let Some(cblas) = active_cblas() {
+        let t = |x| if x { CBLAS_TRANS } else { CBLAS_NO_TRANS };
+        let (ta, tb) = (t(trans_a), t(trans_b));
+        // Tight row-major leading dimensions; BLAS does not read C when beta is 0 (as the
+        // reference BLAS specifies).
+        let (lda, ldb) = (
+            if trans_a { m } else { k }.max(1),
+            if trans_b { k } else { n }.max(1),
+        );
+        let (pa, pb, pc) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+        match cblas.sgemm {
+            SgemmFn::Lp64(f) => {
+                let int = |v: usize| c_int::try_from(v).ok();
+                if let (Some(mi), Some(ni), Some(ki), Some(la), Some(lb)) =
+                    (int(m), int(n), int(k), int(lda), int(ldb))
+                {
+                    let e = |v: i64| v as c_int;
+                    // SAFETY: row-major matrices of the asserted sizes.
+                    unsafe {
+                        f(
+                            e(CBLAS_ROW_MAJOR),
+                            e(ta),
+                            e(tb),
+                            mi,
+                            ni,
+                            ki,
+                            alpha,
+                            pa,
+                            la,
+                            pb,
+                            lb,
+                            beta,
+                            pc,
+                            ni,
+                        )
+                    };
+                    return;
+                }
+            }
+            SgemmFn::Ilp64(f) => {
+                let int = |v: usize| v as i64;
+                // SAFETY: row-major matrices of the asserted sizes.
+                unsafe {
+                    f(
+                        CBLAS_ROW_MAJOR,
+                        ta,
+                        tb,
+                        int(m),
+                        int(n),
+                        int(k),
+                        alpha,
+                        pa,
+                        int(lda),
+                        pb,
+                        int(ldb),
+                        beta,
+                        pc,
+                        int(n),
+                    )
+                };
+                return;
+            }
+        }
+    }
+    gemm_crate(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_crate(
+    trans_a: bool,
+    trans_b: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+) {
+    let (rsa, csa) = if trans_a {
+        (1, m as isize)
+    } else {
+        (k as isize, 1)
+    };
+    let (rsb, csb) = if trans_b {
+        (1, k as isize)
+    } else {
+        (n as isize, 1)
+    };
+    // Parallel only when called from outside a worker pool: a pool thread waiting for its
+    // GEMM's subtasks may run other queued ops, which could block on a blob lock that the
+    // waiting op holds further up the same stack.
+    let par = if m * n * k >= 1 << 18 && rayon::current_thread_index().is_none() {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: strides describe matrices within the asserted lengths; gemm computes
+    // dst = beta_dst * dst + alpha * lhs * rhs with (alpha, beta) named (alpha, beta) below.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            beta != 0.0,
+            a.as_ptr(),
+            csa,
+            rsa,
+            b.as_ptr(),
+            csb,
+            rsb,
+            beta,
+            alpha,
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(ta: bool, tb: bool, m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
+        let mut c = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = 0.0;
+                for p in 0..k {
+                    let av = if ta { a[p * m + i] } else { a[i * k + p] };
+                    let bv = if tb { b[j * k + p] } else { b[p * n + j] };
+                    s += av * bv;
+                }
+                c[i * n + j] = s;
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn gemm_crate_matches_naive_for_every_transpose() {
+        let (m, n, k) = (5, 7, 3);
+        let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
+        for ta in [false, true] {
+            for tb in [false, true] {
+                let want = naive(ta, tb, m, n, k, &a, &b);
+                let mut c = vec![f32::NAN; m * n];
+                gemm_crate(ta, tb, m, n, k, 1.0, &a, &b, 0.0, &mut c);
+                for (x, y) in c.iter().zip(&want) {
+                    assert!((x - y).abs() < 1e-5, "{ta} {tb}: {x} vs {y}");
+                }
+                // beta = 1 accumulates.
+                gemm_crate(ta, tb, m, n, k, 2.0, &a, &b, 1.0, &mut c);
+                for (x, y) in c.iter().zip(&want) {
+                    assert!((x - 3.0 * y).abs() < 1e-4);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn loading_a_file_that_is_not_a_library_is_an_error() {
+        let err = load_cblas(Path::new("/nonexistent/libnothing.so"));
+        assert!(matches!(err, Err(Error::InvalidArgument(m)) if m.contains("libnothing")));
+    }
+}

@@ -1,0 +1,110 @@
+"""The GEMM backend switch (ferrocaffe.blas): both backends give the same products, the
+default follows FERROCAFFE_BLAS / numpy's bundled OpenBLAS, and bad libraries are errors."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ferrocaffe import blas, workspace
+from ferrocaffe.proto import caffe2_pb2
+
+
+def _run_fc(x, w, b):
+    workspace.ResetWorkspace()
+    for k, v in dict(x=x, w=w, b=b).items():
+        workspace.FeedBlob(k, v)
+    op = caffe2_pb2.OperatorDef(type="FC", input=["x", "w", "b"], output=["y"])
+    workspace.RunOperatorOnce(op)
+    return workspace.FetchBlob("y").copy()
+
+
+def _run_matmul(a, b, trans_a, trans_b):
+    workspace.ResetWorkspace()
+    workspace.FeedBlob("a", a)
+    workspace.FeedBlob("b", b)
+    op = caffe2_pb2.OperatorDef(type="MatMul", input=["a", "b"], output=["c"])
+    op.arg.add(name="trans_a", i=int(trans_a))
+    op.arg.add(name="trans_b", i=int(trans_b))
+    workspace.RunOperatorOnce(op)
+    return workspace.FetchBlob("c").copy()
+
+
+@pytest.fixture
+def restore_backend():
+    before = blas.backend()
+    yield
+    blas.use_cblas(before != "gemm")
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 5, 7), (64, 300, 33), (257, 129, 65)])
+def test_both_backends_match_numpy(m, k, n, restore_backend):
+    rng = np.random.RandomState(m + k + n)
+    x = rng.randn(m, k).astype(np.float32)
+    w = rng.randn(n, k).astype(np.float32)
+    b = rng.randn(n).astype(np.float32)
+    want = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    for enabled in (True, False):
+        blas.use_cblas(enabled)
+        np.testing.assert_allclose(_run_fc(x, w, b), want, rtol=1e-4, atol=1e-4)
+        for ta in (False, True):
+            for tb in (False, True):
+                a = x.T.copy() if ta else x
+                bb = w if tb else w.T.copy()
+                np.testing.assert_allclose(
+                    _run_matmul(a, bb, ta, tb), x @ w.T, rtol=1e-4, atol=1e-4
+                )
+
+
+def test_switching_off_names_gemm(restore_backend):
+    blas.use_cblas(False)
+    assert blas.backend() == "gemm"
+
+
+def test_default_backend_is_numpys_openblas_when_bundled():
+    bundled = blas._default_library()
+    backend = blas.backend()
+    if bundled is None:
+        assert backend == "gemm"
+    else:
+        assert backend == "cblas:" + bundled
+        assert "openblas" in os.path.basename(bundled)
+
+
+def _import_with(env_value):
+    env = dict(os.environ, FERROCAFFE_BLAS=env_value)
+    code = "import ferrocaffe.blas as b; print(b.backend())"
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_env_gemm_selects_the_rust_backend():
+    out = _import_with("gemm")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "gemm"
+
+
+def test_env_bad_library_fails_import_with_a_clear_error():
+    out = _import_with("/nonexistent/libcblas_missing.so")
+    assert out.returncode != 0
+    assert "cannot load CBLAS library /nonexistent/libcblas_missing.so" in out.stderr
+
+
+def test_env_library_without_sgemm_is_rejected():
+    import ferrocaffe._native as native
+
+    out = _import_with(native.__file__)
+    assert out.returncode != 0
+    assert "exports no cblas_sgemm" in out.stderr
+
+
+def test_a_second_different_library_is_refused():
+    import ferrocaffe._native as native
+
+    if blas.backend() == "gemm":
+        pytest.skip("no CBLAS library loaded in this process (numpy bundles none here)")
+    with pytest.raises(ValueError, match="already loaded"):
+        blas.load(native.__file__)
