@@ -195,3 +195,55 @@ fn threads_share_a_workspace() {
         assert_eq!(f32s(&ws, &format!("acc{t}")), vec![300.0; 4]);
     }
 }
+
+#[test]
+fn sum_folds_in_input_order_across_blocks_with_aliased_inputs() {
+    // 600 values span several of the kernel's blocks; the output aliases inputs 0 and 2.
+    let ws = Workspace::new();
+    let a: Vec<f32> = (0..600).map(|i| i as f32 * 0.5).collect();
+    let b: Vec<f32> = (0..600).map(|i| 1.0 - i as f32).collect();
+    ws.feed("a", Tensor::from_vec(&[20, 30], a.clone()).unwrap());
+    ws.feed("b", Tensor::from_vec(&[20, 30], b.clone()).unwrap());
+    ws.run_operator_once(&op("Sum", &["a", "b", "a", "b"], &["a"]))
+        .unwrap();
+    let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| ((x + y) + x) + y).collect();
+    assert_eq!(f32s(&ws, "a"), want);
+}
+
+#[test]
+fn fc_gradient_accumulates_into_outputs_when_asked() {
+    use ferrocaffe::ops::cpu::fc::ACCUMULATE_ARG;
+    let ws = Workspace::new();
+    let x: Vec<f32> = (0..6).map(|i| i as f32).collect(); // M=2, K=3
+    let w: Vec<f32> = (0..12).map(|i| (i as f32) * 0.1).collect(); // N=4, K=3
+    let dy: Vec<f32> = (0..8).map(|i| 1.0 + i as f32).collect(); // M=2, N=4
+    ws.feed("x", Tensor::from_vec(&[2, 3], x).unwrap());
+    ws.feed("w", Tensor::from_vec(&[4, 3], w).unwrap());
+    ws.feed("dy", Tensor::from_vec(&[2, 4], dy).unwrap());
+    let plain = op("FCGradient", &["x", "w", "dy"], &["dw", "db", "dx"]);
+    ws.run_operator_once(&plain).unwrap();
+    let (dw, db) = (f32s(&ws, "dw"), f32s(&ws, "db"));
+    // Accumulating twice on top of one plain run gives three times the gradients.
+    let mut acc = plain.clone();
+    acc.arg.push(Argument {
+        name: Some(ACCUMULATE_ARG.into()),
+        ints: vec![0, 1],
+        ..Default::default()
+    });
+    ws.run_operator_once(&acc).unwrap();
+    ws.run_operator_once(&acc).unwrap();
+    let close = |got: Vec<f32>, want: &[f32]| {
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                (g - 3.0 * w).abs() <= 1e-4 * w.abs().max(1.0),
+                "{g} vs 3 * {w}"
+            );
+        }
+    };
+    close(f32s(&ws, "dw"), &dw);
+    close(f32s(&ws, "db"), &db);
+    // An accumulated output of the wrong shape is an error naming the expectation.
+    ws.feed("dw", Tensor::from_vec(&[2], vec![0.0f32; 2]).unwrap());
+    let err = ws.run_operator_once(&acc).unwrap_err().to_string();
+    assert!(err.contains("expected float [4, 3]"), "{err}");
+}

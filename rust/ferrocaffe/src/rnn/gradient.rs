@@ -14,7 +14,8 @@
 //! gradient (adding row t of that gradient to row t + 1 of the state gradient), its own ops
 //! with each parameter gradient renamed `<grad>_tmpstep`, and per parameter an
 //! `rnn_internal_accumulate_param_gradient` adding that into the parameter gradient (Caffe2
-//! appends a `Sum`; the result is the same, element by element). Afterwards each initial-state gradient is copied from the
+//! appends a `Sum`; the result is the same, element by element) — except where an
+//! `FCGradient` alone writes the parameter gradient: it then adds into it directly. Afterwards each initial-state gradient is copied from the
 //! first rows of its state gradient buffer.
 
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use super::executor::RnnExecutor;
 use super::forward::executor_for;
 use super::steps;
 use crate::error::{Error, Result};
+use crate::ops::cpu::fc;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::proto::{Argument, NetDef, OperatorDef};
 use crate::tensor::Tensor;
@@ -112,9 +114,14 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
             Some(g) => config::remapped(init, g)?,
             None => p.grad.clone(),
         };
-        let cell = format!("{grad_blob}_tmpstep");
-        rename_in_net(&mut step_net, &grad_blob, &cell);
-        cell_grads.push(cell);
+        if accumulate_in_place(&mut step_net, &grad_blob) {
+            step_net.external_input.push(grad_blob);
+            cell_grads.push(None);
+        } else {
+            let cell = format!("{grad_blob}_tmpstep");
+            rename_in_net(&mut step_net, &grad_blob, &cell);
+            cell_grads.push(Some(cell));
+        }
         params.push(p);
     }
 
@@ -208,6 +215,7 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     step_net.op = accumulate;
     config::add_apply_link_ops(&links, &timestep, def.device_option.as_ref(), &mut step_net);
     for (p, cell) in params.iter().zip(&cell_grads) {
+        let Some(cell) = cell else { continue };
         step_net.op.push(OperatorDef::new(
             super::analysis::ACCUMULATE_PARAM,
             [p.grad.as_str(), cell.as_str()],
@@ -232,6 +240,41 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         executor,
         bwd: Vec::new(),
     }))
+}
+
+/// When the step net's only writer of parameter gradient `grad` is an `FCGradient` (or
+/// `FCTransposedGradient`) producing it as dW or db, and no step op reads it, that op is told
+/// to add into `grad` directly (its [`fc::ACCUMULATE_ARG`]): the per-step temporary and the
+/// `rnn_internal_accumulate_param_gradient` op are not needed. The executor's analysis orders
+/// the writes of every timestep as the sequential run does, so results stay deterministic.
+fn accumulate_in_place(step_net: &mut NetDef, grad: &str) -> bool {
+    let mut writer = None;
+    for (i, op) in step_net.op.iter().enumerate() {
+        if op.input.iter().any(|b| b == grad) {
+            return false;
+        }
+        let mut outs = op.output.iter().enumerate().filter(|(_, b)| *b == grad);
+        if let Some((j, _)) = outs.next() {
+            if writer.is_some() || outs.next().is_some() {
+                return false;
+            }
+            writer = Some((i, j));
+        }
+    }
+    let Some((i, j)) = writer else { return false };
+    let op = &mut step_net.op[i];
+    if !matches!(op.r#type(), "FCGradient" | "FCTransposedGradient") || j > 1 {
+        return false;
+    }
+    match op.arg.iter_mut().find(|a| a.name() == fc::ACCUMULATE_ARG) {
+        Some(a) => a.ints.push(j as i64),
+        None => op.arg.push(Argument {
+            name: Some(fc::ACCUMULATE_ARG.to_string()),
+            ints: vec![j as i64],
+            ..Default::default()
+        }),
+    }
+    true
 }
 
 fn read_tensor(h: &BlobHandle, name: &str) -> Result<Tensor> {

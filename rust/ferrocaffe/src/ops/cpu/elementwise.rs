@@ -176,15 +176,28 @@ pub fn nary_same_shape<T: Element>(ctx: &mut OpContext<'_>, f: impl Fn(T, T) -> 
         .map(|p| p.unwrap_or(cp as *const T))
         .collect();
     let n: usize = dims.iter().product();
-    for i in 0..n {
-        // SAFETY: every pointer covers n elements of T; reads of index i precede the write.
+    // Blocks through a stack buffer: every input of a block is read before the block is
+    // written (inputs may alias the output), and the inner loops vectorize. Each element is
+    // still folded in input order.
+    const BLOCK: usize = 256;
+    let mut acc = [T::default(); BLOCK];
+    let mut start = 0;
+    while start < n {
+        let len = BLOCK.min(n - start);
+        let acc = &mut acc[..len];
+        // SAFETY: every pointer covers n elements of T; no reference to the output exists
+        // while these shared slices live (the output is written through `cp` afterwards).
         unsafe {
-            let mut acc = *ptrs[0].add(i);
+            acc.copy_from_slice(std::slice::from_raw_parts(ptrs[0].add(start), len));
             for p in &ptrs[1..] {
-                acc = f(acc, *p.add(i));
+                let x = std::slice::from_raw_parts(p.add(start), len);
+                for (a, &v) in acc.iter_mut().zip(x) {
+                    *a = f(*a, v);
+                }
             }
-            *cp.add(i) = acc;
+            std::ptr::copy_nonoverlapping(acc.as_ptr(), cp.add(start), len);
         }
+        start += len;
     }
     Ok(())
 }

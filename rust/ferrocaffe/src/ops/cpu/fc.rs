@@ -24,7 +24,15 @@ struct Fc {
     axis_w: isize,
     transposed: bool,
     gradient: bool,
+    /// Gradient ops only: add dW (output 0) and/or db (output 1) into the existing output
+    /// instead of overwriting it. Set through [`ACCUMULATE_ARG`] by `RecurrentNetworkGradient`,
+    /// which sums parameter gradients over timesteps this way (no per-step temporary).
+    accumulate: [bool; 2],
 }
+
+/// Internal argument of `FCGradient` / `FCTransposedGradient`: output indices (0: dW, 1: db)
+/// to accumulate into, which must already hold a tensor of the right shape.
+pub const ACCUMULATE_ARG: &str = "rnn_internal_accumulate_outputs";
 
 fn canonical(axis: isize, nd: usize) -> Option<usize> {
     let a = if axis < 0 { axis + nd as isize } else { axis };
@@ -123,19 +131,30 @@ impl Fc {
         let w_dims = w.dims().to_vec();
         let x_dims = x.dims().to_vec();
         {
-            let dw = outs.tensor(0)?.ensure::<f32>(&w_dims);
+            let dw_t = outs.tensor(0)?;
+            let beta = self.accumulated(0, dw_t, &w_dims)?;
+            let dw = dw_t.ensure::<f32>(&w_dims);
             if self.transposed {
-                sgemm(true, false, k, n, m, 1.0, xs, dys, 0.0, dw);
+                sgemm(true, false, k, n, m, 1.0, xs, dys, beta, dw);
             } else {
-                sgemm(true, false, n, k, m, 1.0, dys, xs, 0.0, dw);
+                sgemm(true, false, n, k, m, 1.0, dys, xs, beta, dw);
             }
         }
         {
-            let db = outs.tensor(1)?.ensure::<f32>(&[n]);
-            db.fill(0.0);
+            let mut sums = vec![0.0f32; n];
             for row in dys.chunks(n.max(1)) {
-                for (d, v) in db.iter_mut().zip(row) {
+                for (d, v) in sums.iter_mut().zip(row) {
                     *d += v;
+                }
+            }
+            let db_t = outs.tensor(1)?;
+            let beta = self.accumulated(1, db_t, &[n])?;
+            let db = db_t.ensure::<f32>(&[n]);
+            if beta == 0.0 {
+                db.copy_from_slice(&sums);
+            } else {
+                for (d, s) in db.iter_mut().zip(&sums) {
+                    *d += s;
                 }
             }
         }
@@ -144,6 +163,24 @@ impl Fc {
             sgemm(false, self.transposed, m, k, n, 1.0, dys, ws, 0.0, dx);
         }
         Ok(())
+    }
+}
+
+impl Fc {
+    /// The GEMM beta for gradient output `i`: 1 when it accumulates (after checking that the
+    /// output already holds a float tensor of shape `dims`), else 0.
+    fn accumulated(&self, i: usize, t: &Tensor, dims: &[usize]) -> Result<f32> {
+        if !self.accumulate[i] {
+            return Ok(0.0);
+        }
+        if t.dtype() != crate::tensor::DataType::Float || t.dims() != dims {
+            return Err(rt(format!(
+                "gradient output {i} accumulates into a tensor of {:?} {:?}, expected float {dims:?}",
+                t.dtype(),
+                t.dims()
+            )));
+        }
+        Ok(1.0)
     }
 }
 
@@ -167,5 +204,9 @@ fn create(init: &OpInit<'_>, transposed: bool, gradient: bool) -> Result<Box<dyn
         axis_w: init.args.int("axis_w", 1)? as isize,
         transposed,
         gradient,
+        accumulate: {
+            let outs = init.args.ints(ACCUMULATE_ARG);
+            [outs.contains(&0), outs.contains(&1)]
+        },
     }))
 }

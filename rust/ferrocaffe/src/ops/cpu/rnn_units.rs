@@ -72,7 +72,13 @@ fn rt(msg: impl std::fmt::Display) -> Error {
 }
 
 /// One LSTM row of `d` units: new cell and hidden state from the previous ones and the gates.
-#[inline]
+/// (Compiled per SIMD level and chosen at run time, as is the gradient row: the same
+/// arithmetic, so every level gives the same bits.)
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
 fn lstm_row(c_prev: &[f32], g: &[f32], forget_bias: f32, h: &mut [f32], c: &mut [f32]) {
     let d = h.len();
     let (gi, rest) = g.split_at(d);
@@ -90,7 +96,11 @@ fn lstm_row(c_prev: &[f32], g: &[f32], forget_bias: f32, h: &mut [f32], c: &mut 
 }
 
 /// One LSTM row of the gradient.
-#[inline]
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
 #[allow(clippy::too_many_arguments)]
 fn lstm_grad_row(
     c_prev: &[f32],
