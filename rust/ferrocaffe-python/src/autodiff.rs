@@ -310,18 +310,16 @@ impl OutputNames {
     }
 }
 
-/// Builds `BlobReference(name)` objects: `cls.__new__(cls)` plus the attributes that
-/// `BlobReference.__init__` sets for a plain name (`_name`, `_from_net = None`, `meta = {}`),
-/// without a Python call per object. The Python caller passes the class only after checking
-/// that `cls.__new__` is `object.__new__` and that its `__init__` sets exactly those.
+/// Builds `BlobReference(name)` objects: `cls.__new__(cls)` plus the one attribute that
+/// `BlobReference.__init__` sets for a plain name (`_name`), without a Python call per object.
+/// The Python caller passes the class only after checking that `cls.__new__` is
+/// `object.__new__` and that its `__init__` sets exactly that.
 struct BlobRefs<'py> {
     py: Python<'py>,
     cls: Bound<'py, PyType>,
     new: pyo3::ffi::newfunc,
     no_args: Bound<'py, PyTuple>,
     name: Bound<'py, PyString>,
-    from_net: Bound<'py, PyString>,
-    meta: Bound<'py, PyString>,
 }
 
 impl<'py> BlobRefs<'py> {
@@ -343,8 +341,6 @@ impl<'py> BlobRefs<'py> {
             new,
             no_args: PyTuple::empty(py),
             name: PyString::intern(py, "_name"),
-            from_net: PyString::intern(py, "_from_net"),
-            meta: PyString::intern(py, "meta"),
         })
     }
 
@@ -361,8 +357,6 @@ impl<'py> BlobRefs<'py> {
             Bound::from_owned_ptr_or_err(self.py, ptr)?
         };
         obj.setattr(&self.name, name)?;
-        obj.setattr(&self.from_net, self.py.None())?;
-        obj.setattr(&self.meta, PyDict::new(self.py))?;
         Ok(obj)
     }
 }

@@ -17,11 +17,12 @@
 use std::sync::OnceLock;
 
 use super::accumulate::{self, Generator};
-use super::dispatch;
+use super::dispatch::{self, Resolved};
 use super::forward::{ForwardOps, WireOps};
 use super::grad_ops::GradOps;
 use super::lookup::{GradLookup, Lists, LocalOutputs, VersionIndex};
 use super::maker::{GradRef, GradientContext};
+use super::registry::Registry;
 use super::scope::float_arg;
 use super::text;
 use crate::error::{Error, Result};
@@ -194,6 +195,8 @@ pub struct Ir<'a> {
     /// Whether every generator is recorded (for [`Ir::state`]), or only those of blob
     /// versions that several ops read (all that gradient accumulation looks at).
     all_generators: bool,
+    /// The registry entries and schema of each op type met, looked up once per type.
+    types: TypeCache<'a>,
 }
 
 impl<'a> Ir<'a> {
@@ -305,6 +308,7 @@ impl<'a> Ir<'a> {
             g_output: Vec::new(),
             pins: Vec::new(),
             all_generators: true,
+            types: TypeCache::default(),
         }
     }
 
@@ -414,6 +418,16 @@ impl<'a> Ir<'a> {
     /// Number of forward ops.
     pub fn num_ops(&self) -> usize {
         self.ops.len()
+    }
+
+    /// Whether the type of some forward op has a gradient function in `registry` (one that
+    /// may call back into user code).
+    pub(crate) fn any_gradient_function(&mut self, registry: &Registry) -> bool {
+        (0..self.ops.len()).any(|k| {
+            self.types
+                .get(self.ops.op_type(k), registry)
+                .has_function()
+        })
     }
 
     /// The type of forward op `k` (`""` when unset).
@@ -621,7 +635,13 @@ impl<'a> Ir<'a> {
         if let Some(d) = self.decoded.get_mut(k) {
             *d = true;
         }
-        let mut out = dispatch::gradient_for_op(&op, &g_output, cx)?;
+        let op_type = self.ops.op_type(k);
+        let mut out = if op.r#type() == op_type {
+            let resolved = self.types.get(op_type, cx.registry);
+            dispatch::gradient_for_op_resolved(&op, resolved, &g_output, cx)?
+        } else {
+            dispatch::gradient_for_op(&op, &g_output, cx)?
+        };
         let base = all_ops.len();
         self.pins.clear();
         self.build_generators(k, &op, &out.ops, &g_output, &out.input_grads, base)?;
@@ -1040,6 +1060,53 @@ impl<'a> Ir<'a> {
             in_version_history: hist(read_order, reads),
             out_version_history: hist(write_order, writes),
         }
+    }
+}
+
+/// The [`Resolved`] registry entries and schema of each op type, by type name: a scan of the
+/// types met so far (a net has few types), and a hash index once there are many.
+#[derive(Default)]
+struct TypeCache<'a> {
+    names: Vec<&'a str>,
+    resolved: Vec<Resolved>,
+    index: FxHashMap<&'a str, usize>,
+    /// The type asked for last (ops of one type often come in runs).
+    last: usize,
+}
+
+impl<'a> TypeCache<'a> {
+    const SCAN: usize = 8;
+
+    fn get(&mut self, op_type: &'a str, registry: &Registry) -> &Resolved {
+        let k = match self.names.get(self.last) {
+            Some(&t) if t == op_type => self.last,
+            _ => self.find_or_add(op_type, registry),
+        };
+        self.last = k;
+        &self.resolved[k]
+    }
+
+    fn find_or_add(&mut self, op_type: &'a str, registry: &Registry) -> usize {
+        let found = if self.names.len() <= Self::SCAN {
+            self.names.iter().position(|&t| t == op_type)
+        } else {
+            self.index.get(op_type).copied()
+        };
+        if let Some(k) = found {
+            return k;
+        }
+        let k = self.names.len();
+        self.names.push(op_type);
+        self.resolved.push(Resolved::new(registry, op_type));
+        if self.names.len() > Self::SCAN {
+            if self.index.is_empty() {
+                self.index
+                    .extend(self.names.iter().enumerate().map(|(j, &t)| (t, j)));
+            } else {
+                self.index.insert(op_type, k);
+            }
+        }
+        k
     }
 }
 
