@@ -250,6 +250,6 @@ def test_gradient_map_holds_plain_blob_references():
         assert refs[0].meta == {"k": 1} and refs[1].meta == {}
         assert repr(grads["x"]) == 'BlobReference("x_grad")'
         with pytest.raises(AttributeError, match="does not have a net"):
-            grads["x"].Relu
+            _ = grads["x"].Relu
     with_net = BlobReference("b", net=net)
     assert with_net.Net() is net and with_net.meta == {}

@@ -315,7 +315,7 @@ def add_gradient_operators(net_proto, ys, skip=0, outputs=None):
     ns, dev = _scopes()
     blob_ref = _native_blob_ref()
     with _no_gc():
-        grad_net, grads, names = _native.backward_pass_net(
+        grad_net, grads = _native.backward_pass_net(
             net_proto.SerializeToString(),
             skip,
             items,
@@ -326,13 +326,11 @@ def add_gradient_operators(net_proto, ys, skip=0, outputs=None):
             dev,
             GradientSlice,
             blob_ref,
-            outputs is not None,
+            outputs,
         )
         net_proto.MergeFromString(grad_net)
         if blob_ref is None:
             grads = _wrap_map(grads)
-        if outputs is not None:
-            outputs.update(names)
     return grads
 
 

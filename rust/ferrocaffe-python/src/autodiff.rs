@@ -16,7 +16,7 @@ use ferrocaffe::proto::{self, DeviceOption, OperatorDef};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyDict, PyList, PySet, PyString, PyTuple, PyType};
 
 use crate::errors::IntoPy;
 
@@ -440,13 +440,13 @@ fn backward_pass<'py>(
 }
 
 /// The backward pass of the ops of a serialized NetDef from `skip` on: `(serialized NetDef
-/// holding only the gradient ops, {blob: gradient}, output names of the gradient ops or None)`.
-/// With `blob_ref`, the names of the map are `BlobReference`s of that class; with
-/// `with_outputs`, the third item lists every output name of the gradient ops once.
+/// holding only the gradient ops, {blob: gradient})`. With `blob_ref`, the names of the map are
+/// `BlobReference`s of that class; with `outputs` (a set), every output name of the gradient
+/// ops is added to it.
 #[pyfunction]
 #[pyo3(signature = (net, skip, ys, functions=Vec::new(), adapter=None, next_net_name=None,
                     name_scope=String::new(), device_scope=None, slice_type=None,
-                    blob_ref=None, with_outputs=false))]
+                    blob_ref=None, outputs=None))]
 #[allow(clippy::too_many_arguments)]
 fn backward_pass_net<'py>(
     py: Python<'py>,
@@ -460,8 +460,8 @@ fn backward_pass_net<'py>(
     device_scope: Option<PyBackedBytes>,
     slice_type: Option<Bound<'py, PyAny>>,
     blob_ref: Option<Bound<'py, PyType>>,
-    with_outputs: bool,
-) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>, Bound<'py, PyAny>)> {
+    outputs: Option<Bound<'py, PySet>>,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>)> {
     let ys = ys_from_py(&ys)?;
     let s = setup(
         py,
@@ -471,16 +471,17 @@ fn backward_pass_net<'py>(
         name_scope,
         device_scope,
     )?;
-    let (bytes, grad_map, _, outputs) =
+    let with_outputs = outputs.is_some();
+    let (bytes, grad_map, _, names) =
         run_backward(py, Forward::Net(net, skip), ys, s, false, with_outputs)?;
-    let outputs = match &outputs {
-        Some(names) => PyList::new(py, names.iter())?.into_any(),
-        None => py.None().into_bound(py),
-    };
+    if let (Some(set), Some(names)) = (&outputs, &names) {
+        for name in names.iter() {
+            set.add(PyString::new(py, name))?;
+        }
+    }
     Ok((
         PyBytes::new(py, &bytes),
         grad_map_to_py(py, &grad_map, slice_type.as_ref(), blob_ref.as_ref())?,
-        outputs,
     ))
 }
 

@@ -423,11 +423,7 @@ impl<'a> Ir<'a> {
     /// Whether the type of some forward op has a gradient function in `registry` (one that
     /// may call back into user code).
     pub(crate) fn any_gradient_function(&mut self, registry: &Registry) -> bool {
-        (0..self.ops.len()).any(|k| {
-            self.types
-                .get(self.ops.op_type(k), registry)
-                .has_function()
-        })
+        (0..self.ops.len()).any(|k| self.types.get(self.ops.op_type(k), registry).has_function())
     }
 
     /// The type of forward op `k` (`""` when unset).
