@@ -227,3 +227,29 @@ def test_add_gradient_operators_appends_to_the_net():
     assert list(net.op[3:]) == list(expected_ops)
     assert grads == expected_map
     assert "x" not in grads and grads["h"] == "h_grad"
+
+
+def test_gradient_map_holds_plain_blob_references():
+    """The map's references are ``BlobReference``s like ``BlobReference(name)``: no net, and a
+    ``meta`` dict of each one's own that persists."""
+    from ferrocaffe.core.blob import BlobReference
+    from ferrocaffe.core.gradients import add_gradient_operators
+
+    ops = [op("Relu", ["x"], ["y"]), op("SumElements", ["y"], ["loss"])]
+    net = caffe2_pb2.NetDef(name="n")
+    net.op.extend(ops)
+    for grads in (
+        core.GradientRegistry.GetBackwardPass(ops, ["loss"])[1],
+        add_gradient_operators(net, ["loss"]),
+    ):
+        refs = [r for kv in grads.items() for r in kv]
+        assert refs and all(type(r) is BlobReference for r in refs)
+        assert all(r.Net() is None and r._from_net is None for r in refs)
+        assert vars(refs[0]) == vars(BlobReference(str(refs[0])))
+        refs[0].meta["k"] = 1
+        assert refs[0].meta == {"k": 1} and refs[1].meta == {}
+        assert repr(grads["x"]) == 'BlobReference("x_grad")'
+        with pytest.raises(AttributeError, match="does not have a net"):
+            _ = grads["x"].Relu
+    with_net = BlobReference("b", net=net)
+    assert with_net.Net() is net and with_net.meta == {}

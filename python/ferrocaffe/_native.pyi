@@ -94,10 +94,10 @@ def backward_pass_net(
     device_scope: bytes | None = None,
     slice_type: type | None = None,
     blob_ref: type | None = None,
-    with_outputs: bool = False,
-) -> tuple[bytes, dict[object, object], list[str] | None]:
+    outputs: set[str] | None = None,
+) -> tuple[bytes, dict[object, object]]:
     """Backward pass of a serialized NetDef's ops from ``skip`` on: (gradient NetDef bytes,
-    grad map, output names of the gradient ops if ``with_outputs``)."""
+    grad map); the output names of the gradient ops are added to ``outputs`` if given."""
 
 def gradient_for_op(
     op: bytes,

@@ -35,7 +35,16 @@ del _name, _value
 
 
 class BlobReference:
-    """A reference to a blob by name, optionally tied to the net that defines or uses it."""
+    """A reference to a blob by name, optionally tied to the net that defines or uses it.
+
+    ``meta`` is free-form metadata that helper code may attach to a reference: a dict of its
+    own, created when first used (most references never use it, and the gradient map of a
+    large net holds many thousands of references).
+    """
+
+    # A reference without a net: the instance sets its own only when it has one, so that a
+    # plain reference holds nothing but its name (``_name``).
+    _from_net = None
 
     def __init__(self, name, net=None):
         if isinstance(name, str):
@@ -44,9 +53,8 @@ class BlobReference:
             self._name = name.decode("utf-8")
         else:
             self._name = str(name)
-        self._from_net = net
-        # Free-form metadata that helper code may attach to a reference.
-        self.meta = {}
+        if net is not None:
+            self._from_net = net
 
     def __hash__(self):
         return hash(self._name)
@@ -107,6 +115,10 @@ class BlobReference:
         """``b.OpType(...)`` creates that operator on the net ``b`` came from."""
         if op_type.startswith("__"):
             raise AttributeError(f"Attribute {op_type} not found.")
+        if op_type == "meta":
+            # Created on first use (see the class doc).
+            meta = self.__dict__["meta"] = {}
+            return meta
         # Read through __dict__: during copy/unpickling the attributes may not exist yet.
         if self.__dict__.get("_from_net") is None:
             raise AttributeError(

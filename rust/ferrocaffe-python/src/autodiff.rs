@@ -16,7 +16,7 @@ use ferrocaffe::proto::{self, DeviceOption, OperatorDef};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyDict, PyList, PySet, PyString, PyTuple, PyType};
 
 use crate::errors::IntoPy;
 
@@ -310,18 +310,16 @@ impl OutputNames {
     }
 }
 
-/// Builds `BlobReference(name)` objects: `cls.__new__(cls)` plus the attributes that
-/// `BlobReference.__init__` sets for a plain name (`_name`, `_from_net = None`, `meta = {}`),
-/// without a Python call per object. The Python caller passes the class only after checking
-/// that `cls.__new__` is `object.__new__` and that its `__init__` sets exactly those.
+/// Builds `BlobReference(name)` objects: `cls.__new__(cls)` plus the one attribute that
+/// `BlobReference.__init__` sets for a plain name (`_name`), without a Python call per object.
+/// The Python caller passes the class only after checking that `cls.__new__` is
+/// `object.__new__` and that its `__init__` sets exactly that.
 struct BlobRefs<'py> {
     py: Python<'py>,
     cls: Bound<'py, PyType>,
     new: pyo3::ffi::newfunc,
     no_args: Bound<'py, PyTuple>,
     name: Bound<'py, PyString>,
-    from_net: Bound<'py, PyString>,
-    meta: Bound<'py, PyString>,
 }
 
 impl<'py> BlobRefs<'py> {
@@ -343,8 +341,6 @@ impl<'py> BlobRefs<'py> {
             new,
             no_args: PyTuple::empty(py),
             name: PyString::intern(py, "_name"),
-            from_net: PyString::intern(py, "_from_net"),
-            meta: PyString::intern(py, "meta"),
         })
     }
 
@@ -361,8 +357,6 @@ impl<'py> BlobRefs<'py> {
             Bound::from_owned_ptr_or_err(self.py, ptr)?
         };
         obj.setattr(&self.name, name)?;
-        obj.setattr(&self.from_net, self.py.None())?;
-        obj.setattr(&self.meta, PyDict::new(self.py))?;
         Ok(obj)
     }
 }
@@ -446,13 +440,13 @@ fn backward_pass<'py>(
 }
 
 /// The backward pass of the ops of a serialized NetDef from `skip` on: `(serialized NetDef
-/// holding only the gradient ops, {blob: gradient}, output names of the gradient ops or None)`.
-/// With `blob_ref`, the names of the map are `BlobReference`s of that class; with
-/// `with_outputs`, the third item lists every output name of the gradient ops once.
+/// holding only the gradient ops, {blob: gradient})`. With `blob_ref`, the names of the map are
+/// `BlobReference`s of that class; with `outputs` (a set), every output name of the gradient
+/// ops is added to it.
 #[pyfunction]
 #[pyo3(signature = (net, skip, ys, functions=Vec::new(), adapter=None, next_net_name=None,
                     name_scope=String::new(), device_scope=None, slice_type=None,
-                    blob_ref=None, with_outputs=false))]
+                    blob_ref=None, outputs=None))]
 #[allow(clippy::too_many_arguments)]
 fn backward_pass_net<'py>(
     py: Python<'py>,
@@ -466,8 +460,8 @@ fn backward_pass_net<'py>(
     device_scope: Option<PyBackedBytes>,
     slice_type: Option<Bound<'py, PyAny>>,
     blob_ref: Option<Bound<'py, PyType>>,
-    with_outputs: bool,
-) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>, Bound<'py, PyAny>)> {
+    outputs: Option<Bound<'py, PySet>>,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>)> {
     let ys = ys_from_py(&ys)?;
     let s = setup(
         py,
@@ -477,16 +471,17 @@ fn backward_pass_net<'py>(
         name_scope,
         device_scope,
     )?;
-    let (bytes, grad_map, _, outputs) =
+    let with_outputs = outputs.is_some();
+    let (bytes, grad_map, _, names) =
         run_backward(py, Forward::Net(net, skip), ys, s, false, with_outputs)?;
-    let outputs = match &outputs {
-        Some(names) => PyList::new(py, names.iter())?.into_any(),
-        None => py.None().into_bound(py),
-    };
+    if let (Some(set), Some(names)) = (&outputs, &names) {
+        for name in names.iter() {
+            set.add(PyString::new(py, name))?;
+        }
+    }
     Ok((
         PyBytes::new(py, &bytes),
         grad_map_to_py(py, &grad_map, slice_type.as_ref(), blob_ref.as_ref())?,
-        outputs,
     ))
 }
 

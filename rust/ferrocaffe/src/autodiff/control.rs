@@ -13,13 +13,13 @@ mod while_grad;
 
 use std::sync::Arc;
 
-use super::intern::{FxMap, FxSet};
 use super::ir::Ir;
 use super::maker::{GradRef, GradientContext, GradientMaker, GradientOutput};
 use super::net_names::UsedNetNames;
 use super::registry::Registry;
 use super::scope::BackwardOptions;
 use crate::error::{Error, Result};
+use crate::graph::intern::{FxHashMap, FxHashSet};
 use crate::proto::{NetDef, OperatorDef};
 
 /// Registers the `Do`, `If` and `While` gradient functions.
@@ -163,7 +163,7 @@ type NamePairs = Vec<(String, String)>;
 #[derive(Default)]
 struct NameSet {
     order: Vec<String>,
-    set: FxSet<String>,
+    set: FxHashSet<String>,
 }
 
 impl NameSet {
@@ -187,7 +187,7 @@ impl NameSet {
 #[derive(Default)]
 struct NameMap {
     entries: Vec<(String, String)>,
-    index: FxMap<String, usize>,
+    index: FxHashMap<String, usize>,
 }
 
 impl NameMap {
@@ -226,8 +226,8 @@ fn dedupe_g_output(
 ) -> Result<(Vec<OperatorDef>, Vec<GradRef>)> {
     let mut ops = Vec::new();
     let mut deduped = Vec::with_capacity(g_output.len());
-    let mut by_output: FxMap<&str, GradRef> = FxMap::default();
-    let mut used: FxSet<GradRef> = FxSet::default();
+    let mut by_output: FxHashMap<&str, GradRef> = FxHashMap::default();
+    let mut used: FxHashSet<GradRef> = FxHashSet::default();
     for (out, g) in op.output.iter().zip(g_output) {
         if !g.is_truthy() {
             deduped.push(g.clone());

@@ -2,11 +2,13 @@
 //! or it fails, use the gradient function registered for the type; otherwise report
 //! `Exception when creating gradient for [<type>]`.
 
-use super::maker::{GradRef, GradientContext, GradientOutput};
-use super::registry::GradientKind;
+use std::sync::Arc;
+
+use super::maker::{GradRef, GradientContext, GradientMaker, GradientOutput};
+use super::registry::{GradientKind, Registry};
 use super::text;
 use crate::error::{Error, Result};
-use crate::ops;
+use crate::ops::{self, OpSchema};
 use crate::proto::OperatorDef;
 
 /// The gradient operators and input gradients of `op` given the gradients of its outputs,
@@ -16,10 +18,46 @@ pub fn gradient_for_op(
     g_output: &[GradRef],
     cx: &mut GradientContext<'_>,
 ) -> Result<GradientOutput> {
+    let resolved = Resolved::new(cx.registry, op.r#type());
+    gradient_for_op_resolved(op, &resolved, g_output, cx)
+}
+
+/// What the registry and the schemas hold for one op type, looked up once per type (a
+/// backward pass asks for the same few types thousands of times).
+pub(crate) struct Resolved {
+    kind: Option<GradientKind>,
+    function: Option<Arc<dyn GradientMaker>>,
+    schema: Option<&'static OpSchema>,
+}
+
+impl Resolved {
+    /// The registry's entries for `op_type` and its schema.
+    pub(crate) fn new(registry: &Registry, op_type: &str) -> Self {
+        Resolved {
+            kind: registry.get(op_type).cloned(),
+            function: registry.function(op_type).cloned(),
+            schema: ops::lookup(op_type),
+        }
+    }
+
+    /// Whether the type has a gradient function (which may call back into user code).
+    pub(crate) fn has_function(&self) -> bool {
+        self.function.is_some()
+    }
+}
+
+/// [`gradient_for_op`] with the registry entries and schema of `op`'s type looked up
+/// beforehand (`resolved` must be [`Resolved::new`] of the context's registry and `op`'s
+/// type).
+pub(crate) fn gradient_for_op_resolved(
+    op: &OperatorDef,
+    resolved: &Resolved,
+    g_output: &[GradRef],
+    cx: &mut GradientContext<'_>,
+) -> Result<GradientOutput> {
     let op_type = op.r#type();
-    let registry = cx.registry;
-    let native = match registry.get(op_type) {
-        Some(kind) => match native_gradient(kind, op, g_output, cx) {
+    let native = match &resolved.kind {
+        Some(kind) => match native_gradient(kind, resolved.schema, op, g_output, cx) {
             Ok(out) => return Ok(out),
             Err(reason) => reason,
         },
@@ -28,7 +66,7 @@ pub fn gradient_for_op(
              operator type {op_type}"
         ),
     };
-    match registry.function(op_type) {
+    match &resolved.function {
         Some(f) => {
             let out = f.make_in(op, g_output, cx)?;
             if out.input_grads.len() > op.input.len() {
@@ -52,6 +90,7 @@ pub fn gradient_for_op(
 /// Caffe2's C++ `GetGradientForOp`: the error is the reason only (the caller wraps it).
 fn native_gradient(
     kind: &GradientKind,
+    schema: Option<&'static OpSchema>,
     op: &OperatorDef,
     g_output: &[GradRef],
     cx: &mut GradientContext<'_>,
@@ -65,14 +104,14 @@ fn native_gradient(
             "Operator {op_type} should have a gradient but is not implemented yet."
         )),
         GradientKind::NoGradient => {
-            verify_op(op)?;
+            verify_op(schema, op)?;
             Ok(GradientOutput {
                 ops: Vec::new(),
                 input_grads: vec![GradRef::None; op.input.len()],
             })
         }
         GradientKind::Maker(m) => {
-            verify_op(op)?;
+            verify_op(schema, op)?;
             let wrapped: Vec<GradRef>;
             let g = if g_output.iter().any(needs_wrapping) {
                 wrapped = g_output.iter().map(to_wrapper).collect();
@@ -101,8 +140,11 @@ fn native_gradient(
 }
 
 /// Caffe2's `VerifyOp`: the forward op must pass its schema.
-fn verify_op(op: &OperatorDef) -> std::result::Result<(), String> {
-    match ops::lookup(op.r#type()) {
+fn verify_op(
+    schema: Option<&'static OpSchema>,
+    op: &OperatorDef,
+) -> std::result::Result<(), String> {
+    match schema {
         Some(schema) if schema.verify(op).is_err() => Err(format!(
             "(GradientMaker) Operator def did not pass schema checking: {}",
             text::op_short(op)

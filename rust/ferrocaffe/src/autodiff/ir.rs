@@ -17,15 +17,16 @@
 use std::sync::OnceLock;
 
 use super::accumulate::{self, Generator};
-use super::dispatch;
+use super::dispatch::{self, Resolved};
 use super::forward::{ForwardOps, WireOps};
 use super::grad_ops::GradOps;
-use super::intern::{BlobId, FxBuild, FxMap, FxSet};
 use super::lookup::{GradLookup, Lists, LocalOutputs, VersionIndex};
 use super::maker::{GradRef, GradientContext};
+use super::registry::Registry;
 use super::scope::float_arg;
 use super::text;
 use crate::error::{Error, Result};
+use crate::graph::intern::{BlobId, FxBuild, FxHashMap, FxHashSet};
 use crate::graph::Names;
 use crate::proto::OperatorDef;
 
@@ -36,7 +37,7 @@ pub const AUTOGEN_GRAD_SUFFIX: &str = "_autogen_grad";
 #[derive(Debug, Clone, Default)]
 pub struct GradMap {
     entries: Vec<(String, GradRef)>,
-    index: OnceLock<FxMap<String, usize>>,
+    index: OnceLock<FxHashMap<String, usize>>,
 }
 
 impl PartialEq for GradMap {
@@ -57,7 +58,7 @@ impl GradMap {
     /// The gradient of `blob`, if it has one.
     pub fn get(&self, blob: &str) -> Option<&GradRef> {
         let index = self.index.get_or_init(|| {
-            let mut m = FxMap::with_capacity_and_hasher(self.entries.len(), FxBuild::default());
+            let mut m = FxHashMap::with_capacity_and_hasher(self.entries.len(), FxBuild::default());
             for (k, (name, _)) in self.entries.iter().enumerate() {
                 m.insert(name.clone(), k);
             }
@@ -127,11 +128,11 @@ impl GradTable {
     }
 
     fn get(&self, id: BlobId) -> Option<&GradRef> {
-        self.vals.get(id as usize).and_then(Option::as_ref)
+        self.vals.get(id.index()).and_then(Option::as_ref)
     }
 
     fn set(&mut self, id: BlobId, g: GradRef) {
-        let slot = &mut self.vals[id as usize];
+        let slot = &mut self.vals[id.index()];
         if slot.is_none() {
             self.order.push(id);
         }
@@ -141,14 +142,14 @@ impl GradTable {
     /// Moves the gradient of `id` out (no gradient if absent), leaving the entry present;
     /// [`GradTable::put_back`] restores it.
     fn take_value(&mut self, id: BlobId) -> GradRef {
-        match self.vals.get_mut(id as usize) {
+        match self.vals.get_mut(id.index()) {
             Some(Some(g)) => std::mem::take(g),
             _ => GradRef::None,
         }
     }
 
     fn put_back(&mut self, id: BlobId, g: GradRef) {
-        if let Some(Some(slot)) = self.vals.get_mut(id as usize) {
+        if let Some(Some(slot)) = self.vals.get_mut(id.index()) {
             *slot = g;
         }
     }
@@ -159,7 +160,7 @@ pub struct Ir<'a> {
     ops: ForwardOps<'a>,
     /// Serialized ops only: which ops were decoded (every op must be, once, to be checked).
     decoded: Vec<bool>,
-    names: BlobNames,
+    names: Names,
     /// Per input position of every op (flattened): (blob, version read).
     ins: Vec<(BlobId, u32)>,
     /// Per input position: the slot of the version read.
@@ -194,6 +195,8 @@ pub struct Ir<'a> {
     /// Whether every generator is recorded (for [`Ir::state`]), or only those of blob
     /// versions that several ops read (all that gradient accumulation looks at).
     all_generators: bool,
+    /// The registry entries and schema of each op type met, looked up once per type.
+    types: TypeCache<'a>,
 }
 
 impl<'a> Ir<'a> {
@@ -285,7 +288,7 @@ impl<'a> Ir<'a> {
         Ir {
             ops,
             decoded: Vec::new(),
-            names: BlobNames(Names::with_capacity(n_names, n_names * 12)),
+            names: Names::with_capacity(n_names, n_names * 12),
             ins: Vec::with_capacity(n_ins),
             in_slots: Vec::with_capacity(n_ins),
             in_start: Vec::with_capacity(n_ops + 1),
@@ -305,12 +308,13 @@ impl<'a> Ir<'a> {
             g_output: Vec::new(),
             pins: Vec::new(),
             all_generators: true,
+            types: TypeCache::default(),
         }
     }
 
     fn id(&mut self, name: &str) -> BlobId {
         let id = self.names.intern(name);
-        if id as usize >= self.frontier.len() {
+        if id.index() >= self.frontier.len() {
             self.frontier.push(None);
             self.read.push(false);
             self.cur_slot.push(u32::MAX);
@@ -324,16 +328,16 @@ impl<'a> Ir<'a> {
         self.slots.push((id, v));
         self.usage_first.push(u32::MAX);
         self.usage_count.push(0);
-        self.frontier[id as usize] = Some(v);
-        self.cur_slot[id as usize] = slot;
+        self.frontier[id.index()] = Some(v);
+        self.cur_slot[id.index()] = slot;
         slot
     }
 
     /// The latest version of `id` and its slot; a blob never seen gets version 0 (Caffe2's
     /// `defaultdict(int)`).
     fn current(&mut self, id: BlobId) -> (u32, u32) {
-        match self.frontier[id as usize] {
-            Some(v) => (v, self.cur_slot[id as usize]),
+        match self.frontier[id.index()] {
+            Some(v) => (v, self.cur_slot[id.index()]),
             None => (0, self.new_version(id, 0)),
         }
     }
@@ -344,7 +348,7 @@ impl<'a> Ir<'a> {
             self.usage_first[s] = op_idx;
         }
         self.usage_count[s] += 1;
-        self.read[id as usize] = true;
+        self.read[id.index()] = true;
     }
 
     /// Per-blob state for every interned name.
@@ -368,14 +372,14 @@ impl<'a> Ir<'a> {
         let start = self.outs.len();
         self.out_start.push(start);
         for &id in outputs {
-            let v = self.frontier[id as usize].map_or(0, |v| v + 1);
+            let v = self.frontier[id.index()].map_or(0, |v| v + 1);
             self.new_version(id, v);
             self.outs.push((id, v));
         }
         // `out_versions` is a dict: a blob written twice by the op keeps its last version.
         for p in start..self.outs.len() {
             let id = self.outs[p].0;
-            self.outs[p].1 = self.frontier[id as usize].unwrap_or(0);
+            self.outs[p].1 = self.frontier[id.index()].unwrap_or(0);
         }
     }
 
@@ -391,7 +395,7 @@ impl<'a> Ir<'a> {
                     self.op_text(k)
                 )));
             };
-            if !self.read[id as usize] {
+            if !self.read[id.index()] {
                 return Err(Error::InvalidArgument(format!(
                     "StopGradient's output '{}' is orphan.\nYou typically want to specify \
                      same input and output for\nStopGradient. Op:\n\n{}",
@@ -416,6 +420,12 @@ impl<'a> Ir<'a> {
         self.ops.len()
     }
 
+    /// Whether the type of some forward op has a gradient function in `registry` (one that
+    /// may call back into user code).
+    pub(crate) fn any_gradient_function(&mut self, registry: &Registry) -> bool {
+        (0..self.ops.len()).any(|k| self.types.get(self.ops.op_type(k), registry).has_function())
+    }
+
     /// The type of forward op `k` (`""` when unset).
     pub fn op_type(&self, k: usize) -> &'a str {
         self.ops.op_type(k)
@@ -430,11 +440,11 @@ impl<'a> Ir<'a> {
     }
 
     fn frontier_of(&self, id: BlobId) -> u32 {
-        self.frontier[id as usize].unwrap_or(0)
+        self.frontier[id.index()].unwrap_or(0)
     }
 
     fn set_gradient_frontier(&mut self, id: BlobId, v: u32) {
-        let i = id as usize;
+        let i = id.index();
         if self.gradient_frontier.len() <= i {
             self.gradient_frontier
                 .resize(self.names.len().max(i + 1), None);
@@ -515,7 +525,7 @@ impl<'a> Ir<'a> {
         all_ops: &mut GradOps,
     ) -> Result<GradMap> {
         let mut uniq: Vec<(BlobId, &'a GradRef)> = Vec::with_capacity(ys.len());
-        let mut pos: FxMap<BlobId, usize> = FxMap::default();
+        let mut pos: FxHashMap<BlobId, usize> = FxHashMap::default();
         for (y, g) in ys {
             let id = self.id(y);
             match pos.get(&id) {
@@ -553,7 +563,7 @@ impl<'a> Ir<'a> {
             // Its generator is recorded: the op may be renamed by an accumulation.
             all_ops.push(op, true);
             grads.set(id, GradRef::Dense(gname.clone()));
-            let slot = self.cur_slot[id as usize];
+            let slot = self.cur_slot[id.index()];
             self.push_generator(
                 slot,
                 Generator::Dense {
@@ -571,7 +581,7 @@ impl<'a> Ir<'a> {
 
         let mut entries = Vec::with_capacity(grads.order.len());
         for &id in &grads.order {
-            if let Some(g) = grads.vals[id as usize].take() {
+            if let Some(g) = grads.vals[id.index()].take() {
                 if g.is_some() {
                     entries.push((self.names.name(id).to_string(), g));
                 }
@@ -621,7 +631,13 @@ impl<'a> Ir<'a> {
         if let Some(d) = self.decoded.get_mut(k) {
             *d = true;
         }
-        let mut out = dispatch::gradient_for_op(&op, &g_output, cx)?;
+        let op_type = self.ops.op_type(k);
+        let mut out = if op.r#type() == op_type {
+            let resolved = self.types.get(op_type, cx.registry);
+            dispatch::gradient_for_op_resolved(&op, resolved, &g_output, cx)?
+        } else {
+            dispatch::gradient_for_op(&op, &g_output, cx)?
+        };
         let base = all_ops.len();
         self.pins.clear();
         self.build_generators(k, &op, &out.ops, &g_output, &out.input_grads, base)?;
@@ -786,7 +802,7 @@ impl<'a> Ir<'a> {
             let original = self.names.name(oid);
             let gf = self
                 .gradient_frontier
-                .get(oid as usize)
+                .get(oid.index())
                 .copied()
                 .flatten()
                 .ok_or_else(|| {
@@ -911,7 +927,7 @@ impl<'a> Ir<'a> {
     ) -> Result<()> {
         let ins = self.ins_of(k);
         let start = self.in_start[k];
-        let mut seen: Option<FxSet<BlobId>> = (ins.len() > 16).then(FxSet::default);
+        let mut seen: Option<FxHashSet<BlobId>> = (ins.len() > 16).then(FxHashSet::default);
         for (p, &(id, _)) in ins.iter().enumerate() {
             let first_time = match seen.as_mut() {
                 Some(set) => set.insert(id),
@@ -941,7 +957,7 @@ impl<'a> Ir<'a> {
         let name = |id: BlobId| self.names.name(id).to_string();
         let dict = |pairs: &[(BlobId, u32)]| {
             let mut out: Vec<(String, u32)> = Vec::with_capacity(pairs.len());
-            let mut seen: FxMap<BlobId, usize> = FxMap::default();
+            let mut seen: FxHashMap<BlobId, usize> = FxHashMap::default();
             for &(id, v) in pairs {
                 match seen.get(&id) {
                     Some(&p) => out[p].1 = v,
@@ -956,8 +972,9 @@ impl<'a> Ir<'a> {
         let ssa = (0..self.ops.len())
             .map(|k| (dict(self.ins_of(k)), dict(self.outs_of(k))))
             .collect();
-        let frontier = (0..self.names.len() as BlobId)
-            .filter_map(|id| self.frontier[id as usize].map(|v| (name(id), v)))
+        let frontier = (0..self.names.len() as u32)
+            .map(BlobId)
+            .filter_map(|id| self.frontier[id.index()].map(|v| (name(id), v)))
             .collect();
         let mut users: Vec<Vec<u32>> = vec![Vec::new(); self.slots.len()];
         let mut order: Vec<u32> = Vec::new();
@@ -985,7 +1002,7 @@ impl<'a> Ir<'a> {
             .iter()
             .filter_map(|&id| {
                 self.gradient_frontier
-                    .get(id as usize)
+                    .get(id.index())
                     .copied()
                     .flatten()
                     .map(|v| (name(id), v))
@@ -1009,25 +1026,25 @@ impl<'a> Ir<'a> {
         let (mut read_order, mut write_order) = (Vec::new(), Vec::new());
         for k in 0..self.ops.len() {
             for &(i, _) in self.ins_of(k) {
-                let v = *current[i as usize].get_or_insert(0);
-                if reads[i as usize].is_empty() {
+                let v = *current[i.index()].get_or_insert(0);
+                if reads[i.index()].is_empty() {
                     read_order.push(i);
                 }
-                reads[i as usize].push((k, v));
+                reads[i.index()].push((k, v));
             }
             for &(o, _) in self.outs_of(k) {
-                let v = current[o as usize].map_or(0, |v| v + 1);
-                current[o as usize] = Some(v);
-                if writes[o as usize].is_empty() {
+                let v = current[o.index()].map_or(0, |v| v + 1);
+                current[o.index()] = Some(v);
+                if writes[o.index()].is_empty() {
                     write_order.push(o);
                 }
-                writes[o as usize].push((k, v));
+                writes[o.index()].push((k, v));
             }
         }
         let hist = |order: Vec<BlobId>, mut m: Vec<Vec<(usize, u32)>>| {
             order
                 .into_iter()
-                .map(|id| (name(id), std::mem::take(&mut m[id as usize])))
+                .map(|id| (name(id), std::mem::take(&mut m[id.index()])))
                 .collect()
         };
         IrState {
@@ -1042,35 +1059,50 @@ impl<'a> Ir<'a> {
     }
 }
 
-/// Blob names and their dense ids ([`Names`]: one arena, a compact open-addressing table).
-struct BlobNames(Names);
+/// The [`Resolved`] registry entries and schema of each op type, by type name: a scan of the
+/// types met so far (a net has few types), and a hash index once there are many.
+#[derive(Default)]
+struct TypeCache<'a> {
+    names: Vec<&'a str>,
+    resolved: Vec<Resolved>,
+    index: FxHashMap<&'a str, usize>,
+    /// The type asked for last (ops of one type often come in runs).
+    last: usize,
+}
 
-impl BlobNames {
-    #[inline]
-    fn intern(&mut self, name: &str) -> BlobId {
-        self.0.intern(name).0
+impl<'a> TypeCache<'a> {
+    const SCAN: usize = 8;
+
+    fn get(&mut self, op_type: &'a str, registry: &Registry) -> &Resolved {
+        let k = match self.names.get(self.last) {
+            Some(&t) if t == op_type => self.last,
+            _ => self.find_or_add(op_type, registry),
+        };
+        self.last = k;
+        &self.resolved[k]
     }
 
-    fn intern_batch(&mut self, batch: &[&str], ids: &mut Vec<BlobId>) {
-        let start = ids.len();
-        let mut typed = Vec::with_capacity(batch.len());
-        self.0.intern_batch(batch, &mut typed);
-        ids.truncate(start);
-        ids.extend(typed.into_iter().map(|b| b.0));
-    }
-
-    #[inline]
-    fn get(&self, name: &str) -> Option<BlobId> {
-        self.0.get(name).map(|b| b.0)
-    }
-
-    #[inline]
-    fn name(&self, id: BlobId) -> &str {
-        self.0.name(crate::graph::BlobId(id))
-    }
-
-    fn len(&self) -> usize {
-        self.0.len()
+    fn find_or_add(&mut self, op_type: &'a str, registry: &Registry) -> usize {
+        let found = if self.names.len() <= Self::SCAN {
+            self.names.iter().position(|&t| t == op_type)
+        } else {
+            self.index.get(op_type).copied()
+        };
+        if let Some(k) = found {
+            return k;
+        }
+        let k = self.names.len();
+        self.names.push(op_type);
+        self.resolved.push(Resolved::new(registry, op_type));
+        if self.names.len() > Self::SCAN {
+            if self.index.is_empty() {
+                self.index
+                    .extend(self.names.iter().enumerate().map(|(j, &t)| (t, j)));
+            } else {
+                self.index.insert(op_type, k);
+            }
+        }
+        k
     }
 }
 
@@ -1085,7 +1117,7 @@ impl FirstOccurrences {
         if pairs.len() <= 16 {
             return FirstOccurrences { table: None };
         }
-        let mut first: FxMap<BlobId, usize> = FxMap::default();
+        let mut first: FxHashMap<BlobId, usize> = FxHashMap::default();
         let table = pairs
             .iter()
             .enumerate()

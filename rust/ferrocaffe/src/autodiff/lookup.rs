@@ -2,8 +2,8 @@
 //! are short (almost always), a hash map once they are long, so that an operator with
 //! thousands of inputs or outputs still costs linear time.
 
-use super::intern::{BlobId, FxBuild, FxMap};
 use super::maker::GradRef;
+use crate::graph::intern::{BlobId, FxBuild, FxHashMap};
 use crate::proto::OperatorDef;
 
 const SCAN_LIMIT: usize = 16;
@@ -11,13 +11,13 @@ const SCAN_LIMIT: usize = 16;
 /// Versions of the blobs one op reads or writes, looked up by id.
 pub(crate) struct VersionIndex<'s> {
     pairs: &'s [(BlobId, u32)],
-    map: Option<FxMap<BlobId, u32>>,
+    map: Option<FxHashMap<BlobId, u32>>,
 }
 
 impl<'s> VersionIndex<'s> {
     pub(crate) fn new(pairs: &'s [(BlobId, u32)]) -> Self {
         let map = (pairs.len() > SCAN_LIMIT).then(|| {
-            let mut m = FxMap::with_capacity_and_hasher(pairs.len(), FxBuild::default());
+            let mut m = FxHashMap::with_capacity_and_hasher(pairs.len(), FxBuild::default());
             for &(id, v) in pairs {
                 m.insert(id, v);
             }
@@ -39,13 +39,13 @@ impl<'s> VersionIndex<'s> {
 /// whose indices or values are.
 pub(crate) struct GradLookup<'g> {
     list: &'g [GradRef],
-    map: Option<FxMap<&'g str, usize>>,
+    map: Option<FxHashMap<&'g str, usize>>,
 }
 
 impl<'g> GradLookup<'g> {
     pub(crate) fn new(list: &'g [GradRef]) -> Self {
         let map = (list.len() > SCAN_LIMIT).then(|| {
-            let mut m = FxMap::with_capacity_and_hasher(list.len(), FxBuild::default());
+            let mut m = FxHashMap::with_capacity_and_hasher(list.len(), FxBuild::default());
             for (k, g) in list.iter().enumerate() {
                 match g {
                     GradRef::None => {}
@@ -75,14 +75,14 @@ impl<'g> GradLookup<'g> {
 /// index of the first op writing each.
 pub(crate) struct LocalOutputs<'g> {
     ops: &'g [OperatorDef],
-    map: Option<FxMap<&'g str, usize>>,
+    map: Option<FxHashMap<&'g str, usize>>,
 }
 
 impl<'g> LocalOutputs<'g> {
     pub(crate) fn new(ops: &'g [OperatorDef]) -> Self {
         let total: usize = ops.iter().map(|o| o.output.len()).sum();
         let map = (total > 2 * SCAN_LIMIT).then(|| {
-            let mut m = FxMap::with_capacity_and_hasher(total, FxBuild::default());
+            let mut m = FxHashMap::with_capacity_and_hasher(total, FxBuild::default());
             for (j, op) in ops.iter().enumerate() {
                 for o in &op.output {
                     m.entry(o.as_str()).or_insert(j);
@@ -179,12 +179,12 @@ mod tests {
 
     #[test]
     fn version_index_small_and_large_agree() {
-        let pairs: Vec<(BlobId, u32)> = (0..40).map(|k| (k % 30, k)).collect();
+        let pairs: Vec<(BlobId, u32)> = (0..40).map(|k| (BlobId(k % 30), k)).collect();
         let big = VersionIndex::new(&pairs);
         let small = VersionIndex::new(&pairs[..10]);
-        assert_eq!(big.get(3), Some(33));
-        assert_eq!(big.get(35), None);
-        assert_eq!(small.get(3), Some(3));
+        assert_eq!(big.get(BlobId(3)), Some(33));
+        assert_eq!(big.get(BlobId(35)), None);
+        assert_eq!(small.get(BlobId(3)), Some(3));
     }
 
     #[test]

@@ -28,7 +28,6 @@ pub mod control;
 pub mod dispatch;
 mod forward;
 pub mod grad_ops;
-pub mod intern;
 pub mod ir;
 mod lookup;
 pub mod maker;

@@ -125,10 +125,10 @@ fn wire_backward(
     cx: &mut GradientContext<'_>,
     extras: Extras,
 ) -> Option<SerializedBackward> {
-    let ir = Ir::from_wire(wire, ys.len())?;
+    let mut ir = Ir::from_wire(wire, ys.len())?;
     // Gradient functions (Python ones, control ops) may have effects that a second run
     // would repeat: those nets take the plain path only.
-    if (0..ir.num_ops()).any(|k| cx.registry.function(ir.op_type(k)).is_some()) {
+    if ir.any_gradient_function(cx.registry) {
         return None;
     }
     let (ir, mut out) = run(ir, ys, cx, extras).ok()?;

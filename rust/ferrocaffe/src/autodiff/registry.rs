@@ -14,8 +14,8 @@
 
 use std::sync::{Arc, OnceLock};
 
-use super::intern::FxMap;
 use super::maker::GradientMaker;
+use crate::graph::intern::FxHashMap;
 
 /// How an op type behaves under differentiation.
 #[derive(Clone)]
@@ -33,8 +33,8 @@ pub enum GradientKind {
 /// Gradient makers by forward op type.
 #[derive(Clone, Default)]
 pub struct Registry {
-    entries: FxMap<String, GradientKind>,
-    functions: FxMap<String, Arc<dyn GradientMaker>>,
+    entries: FxHashMap<String, GradientKind>,
+    functions: FxHashMap<String, Arc<dyn GradientMaker>>,
     parent: Option<Arc<Registry>>,
 }
 

@@ -4,6 +4,7 @@
 //! Names live in one arena string; the lookup table is a small open-addressing hash table of
 //! ids. Interning 100k names costs a few milliseconds and one allocation per growth step.
 
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A dense id for an interned name, valid for the [`Names`] table that issued it.
@@ -232,6 +233,10 @@ impl Hasher for FxHasher {
         }
     }
     #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+    #[inline]
     fn write_u32(&mut self, i: u32) {
         self.add(u64::from(i));
     }
@@ -258,8 +263,12 @@ impl Hasher for FxHasher {
     }
 }
 
+/// `BuildHasher` for [`FxHasher`].
+pub type FxBuild = BuildHasherDefault<FxHasher>;
 /// `HashMap` with [`FxHasher`].
-pub type FxHashMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<FxHasher>>;
+pub type FxHashMap<K, V> = HashMap<K, V, FxBuild>;
+/// `HashSet` with [`FxHasher`].
+pub type FxHashSet<K> = HashSet<K, FxBuild>;
 
 #[inline]
 fn hash_str(s: &str) -> u64 {
@@ -321,5 +330,16 @@ mod tests {
         assert_eq!(m.get(&(BlobId(1), 2)), Some(&3));
         assert_eq!(m.get(&(BlobId(2), 1)), Some(&4));
         assert_eq!(m.get(&(BlobId(1), 1)), None);
+    }
+
+    #[test]
+    fn fx_hash_differs_for_different_strings() {
+        use std::hash::BuildHasher;
+        let b = FxBuild::default();
+        let h = |s: &str| b.hash_one(s);
+        assert_ne!(h("abc"), h("abd"));
+        assert_ne!(h("a"), h("a\0"));
+        let set: FxHashSet<&str> = ["x", "y", "x"].into_iter().collect();
+        assert_eq!(set.len(), 2);
     }
 }

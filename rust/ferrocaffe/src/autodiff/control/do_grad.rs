@@ -9,16 +9,16 @@ use super::{
     copy_op, dedupe_g_output, ensure, grad_str, net_argument, net_shell, subgradient_pass, NameMap,
     NameSet,
 };
-use crate::autodiff::intern::FxMap;
 use crate::autodiff::maker::{GradRef, GradientContext, GradientOutput};
 use crate::error::{Error, Result};
+use crate::graph::intern::FxHashMap;
 use crate::proto::{Argument, NetDef, OperatorDef};
 
 /// The bindings of a `Do` op, checked (Caffe2's `_do_op_sanity_check_and_process`).
 pub(super) struct Bindings<'o> {
     pub subnet: &'o NetDef,
-    pub outer_to_inner: FxMap<&'o str, String>,
-    pub inner_to_outer: FxMap<String, &'o str>,
+    pub outer_to_inner: FxHashMap<&'o str, String>,
+    pub inner_to_outer: FxHashMap<String, &'o str>,
     pub workspace: &'o str,
 }
 
@@ -89,7 +89,7 @@ pub(super) fn sanity_check(op: &OperatorDef) -> Result<Bindings<'_>> {
         op,
     )?;
     let distinct = |v: &[&str]| {
-        let mut s = crate::autodiff::intern::FxSet::default();
+        let mut s = crate::graph::intern::FxHashSet::default();
         v.iter().all(|x| s.insert(*x))
     };
     let inner_refs: Vec<&str> = inner_blobs.iter().map(String::as_str).collect();
@@ -134,10 +134,10 @@ pub(super) fn sanity_check(op: &OperatorDef) -> Result<Bindings<'_>> {
         op,
     )?;
     let ordered: Vec<&str> = ins.iter().chain(outs.iter()).copied().collect();
-    let all: crate::autodiff::intern::FxSet<&str> = ordered.iter().copied().collect();
-    let mut used: crate::autodiff::intern::FxSet<&str> = Default::default();
-    let mut outer_to_inner = FxMap::default();
-    let mut inner_to_outer = FxMap::default();
+    let all: crate::graph::intern::FxHashSet<&str> = ordered.iter().copied().collect();
+    let mut used: crate::graph::intern::FxHashSet<&str> = Default::default();
+    let mut outer_to_inner = FxHashMap::default();
+    let mut inner_to_outer = FxHashMap::default();
     for (inner, &idx) in inner_blobs.iter().zip(outer_idx) {
         ensure(
             idx >= 0 && (idx as usize) < ordered.len(),
@@ -239,7 +239,7 @@ pub(super) fn gradient(
     }
 
     let mut new_inputs = NameSet::default();
-    let mut overwritten = crate::autodiff::intern::FxSet::<&str>::default();
+    let mut overwritten = crate::graph::intern::FxHashSet::<&str>::default();
     let mut saved = NameSet::default();
     for gop in &inner_grad_ops {
         for name in &gop.input {
@@ -306,7 +306,7 @@ fn gradient_do_op(
     d.input.push(workspace.to_string());
     d.output = outputs.to_vec();
     d.output.push(workspace.to_string());
-    let mut position: FxMap<&str, usize> = FxMap::default();
+    let mut position: FxHashMap<&str, usize> = FxHashMap::default();
     for (k, name) in inputs.iter().chain(outputs).enumerate() {
         position.entry(name.as_str()).or_insert(k);
     }

@@ -92,7 +92,7 @@ pub(super) fn gradient(
     }
 
     // Gradients that only one branch computes must be initialised in the other one.
-    let then_values: crate::autodiff::intern::FxSet<&str> =
+    let then_values: crate::graph::intern::FxHashSet<&str> =
         then_grad_map.iter().map(|(_, v)| v.as_str()).collect();
     let then_only: Vec<&String> = then_outputs
         .iter()
@@ -108,7 +108,7 @@ pub(super) fn gradient(
         }
         None => {}
     }
-    let else_values: crate::autodiff::intern::FxSet<&str> =
+    let else_values: crate::graph::intern::FxHashSet<&str> =
         else_grad_map.iter().map(|(_, v)| v.as_str()).collect();
     let else_only: Vec<&String> = else_outputs
         .iter()
@@ -183,7 +183,7 @@ fn zero_init_ops(
     grad_outputs: &[&String],
     op: &OperatorDef,
 ) -> Result<Vec<OperatorDef>> {
-    let mut by_grad: crate::autodiff::intern::FxMap<&str, &str> = Default::default();
+    let mut by_grad: crate::graph::intern::FxHashMap<&str, &str> = Default::default();
     for (blob, g) in grad_map.iter() {
         by_grad.entry(g.as_str()).or_insert(blob.as_str());
     }

@@ -7,10 +7,10 @@ use super::{
     assertion, dedupe_g_output, ensure, grad_str, net_argument, subnet_gradient, NameMap,
     SubnetGradient,
 };
-use crate::autodiff::intern::FxSet;
 use crate::autodiff::maker::{GradRef, GradientContext, GradientOutput};
 use crate::autodiff::scope::BackwardOptions;
 use crate::error::Result;
+use crate::graph::intern::FxHashSet;
 use crate::proto::{Argument, NetDef, OperatorDef};
 
 /// Caffe2's `gen_while_gradient`.
@@ -163,7 +163,7 @@ fn check_do_arguments(do_op: &OperatorDef, op: &OperatorDef) -> Result<()> {
 /// not produced by an earlier op recorded as external inputs.
 struct MiniNet {
     def: NetDef,
-    defined: FxSet<String>,
+    defined: FxHashSet<String>,
 }
 
 impl MiniNet {
@@ -173,7 +173,7 @@ impl MiniNet {
                 name: Some(name),
                 ..Default::default()
             },
-            defined: FxSet::default(),
+            defined: FxHashSet::default(),
         }
     }
 
