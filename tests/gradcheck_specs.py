@@ -231,6 +231,13 @@ def _lengths_cases():
             ),
         ],
         "LengthsSum": [_c("LengthsSum", [("DATA", uniform((6, 3))), ("LENGTHS", lengths)])],
+        "LengthsMean": [_c("LengthsMean", [("DATA", uniform((6, 3))), ("LENGTHS", lengths)])],
+        "LengthsWeightedSum": [
+            _c(
+                "LengthsWeightedSum",
+                [("DATA", uniform((6, 3))), ("WEIGHTS", uniform((6,))), ("LENGTHS", lengths)],
+            )
+        ],
         "UnsortedSegmentSum": [
             _c(
                 "UnsortedSegmentSum",
@@ -677,6 +684,15 @@ SPECS = {
     ],
     "MaxPool": _pool_cases("MaxPool"),
     "AveragePool": _pool_cases("AveragePool"),
+    "MaxPool2D": _pool_cases("MaxPool2D")[:1],
+    "AveragePool2D": _pool_cases("AveragePool2D")[:1],
+    "Conv2D": [
+        _c(
+            "Conv2D",
+            [("X", _nchw((2, 2, 5, 5))), ("W", uniform((3, 2, 3, 3))), ("b", uniform((3,)))],
+            args={"kernel": 3, "pad": 1},
+        )
+    ],
     "UpsampleBilinear": [
         _c(
             "UpsampleBilinear",
@@ -760,6 +776,10 @@ SPECS = {
     "ReduceMax": [
         _c("ReduceMax", [("X", distinct((2, 3, 4)))], args={"axes": [1], "keepdims": 0}),
         _c("ReduceMax", [("X", distinct((2, 3, 4)))], args={"axes": [0, 2]}, variant="keepdims"),
+    ],
+    "ReduceMin": [
+        _c("ReduceMin", [("X", distinct((2, 3, 4)))], args={"axes": [1], "keepdims": 0}),
+        _c("ReduceMin", [("X", distinct((2, 3, 4)))], args={"axes": [0, 2]}, variant="keepdims"),
     ],
     # -- recurrent units
     **_rnn_unit_cases(),

@@ -1,5 +1,5 @@
-//! Convolution, pooling and resampling: `Conv`, `ConvTranspose`, `MaxPool`, `AveragePool`,
-//! `UpsampleBilinear`.
+//! Convolution, pooling, padding and resampling: `Conv`(`2D`), `ConvTranspose`, `MaxPool`(`2D`),
+//! `AveragePool`(`2D`), `PadImage`, `UpsampleBilinear`.
 
 use super::util::{arg_i, fail, gop, grad_in, grad_out, input, maker, single, Args, Slot::*};
 use crate::autodiff::maker::MakerCtx;
@@ -10,15 +10,17 @@ use crate::proto::OperatorDef;
 /// Registers the convolution and pooling makers.
 pub fn register(r: &mut Registry) {
     r.register_maker("Conv", conv("ConvGradient"));
+    r.register_maker("Conv2D", conv("Conv2DGradient"));
     r.register_maker("ConvTranspose", conv("ConvTransposeGradient"));
-    r.register_maker(
-        "MaxPool",
-        single("MaxPoolGradient", &[I(0), O(0), GO(0)], &[GI(0)]),
-    );
-    r.register_maker(
-        "AveragePool",
-        single("AveragePoolGradient", &[I(0), O(0), GO(0)], &[GI(0)]),
-    );
+    for (t, g) in [
+        ("MaxPool", "MaxPoolGradient"),
+        ("MaxPool2D", "MaxPool2DGradient"),
+        ("AveragePool", "AveragePoolGradient"),
+        ("AveragePool2D", "AveragePool2DGradient"),
+    ] {
+        r.register_maker(t, single(g, &[I(0), O(0), GO(0)], &[GI(0)]));
+    }
+    r.register_maker("PadImage", single("PadImageGradient", &[GO(0)], &[GI(0)]));
     r.register_maker("UpsampleBilinear", upsample_bilinear);
 }
 

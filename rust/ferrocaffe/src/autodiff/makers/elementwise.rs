@@ -51,6 +51,23 @@ pub fn register(r: &mut Registry) {
         "Softsign",
         single("SoftsignGradient", &[I(0), GO(0)], &[GI(0)]),
     );
+    // Unary math whose gradient op reads X and dY, or the output and dY.
+    for (t, g) in [
+        ("Sin", "SinGradient"),
+        ("Cos", "CosGradient"),
+        ("Tan", "TanGradient"),
+        ("Acos", "AcosGradient"),
+        ("Asin", "AsinGradient"),
+        ("Atan", "AtanGradient"),
+    ] {
+        r.register_maker(t, single(g, &[I(0), GO(0)], &[GI(0)]));
+    }
+    r.register_maker("Cbrt", single("CbrtGradient", &[GO(0), O(0)], &[GI(0)]));
+    r.register_maker("Rsqrt", single("RsqrtGradient", &[GO(0), O(0)], &[GI(0)]));
+    r.register_maker(
+        "Reciprocal",
+        single("ReciprocalGradient", &[O(0), GO(0)], &[GI(0)]),
+    );
 
     r.register_maker("Cast", cast);
     r.register_maker("WeightedSum", weighted_sum);

@@ -1,5 +1,5 @@
 //! Dense layers and normalisation: `FC`, `MatMul`, `BatchMatMul`, `DotProduct`, `Softmax`,
-//! `LRN`, `Dropout`, `SpatialBN`, `LayerNorm`, `InstanceNorm`, `PRelu`.
+//! `LRN`, `Dropout`, `SpatialBN`, `LayerNorm`, `GroupNorm`, `InstanceNorm`, `PRelu`.
 
 use super::util::{arg_i, fail, gop, grad_in, grad_out, input, output, single, Args, Slot::*};
 use crate::autodiff::maker::MakerCtx;
@@ -35,6 +35,15 @@ pub fn register(r: &mut Registry) {
     r.register_maker("Dropout", dropout);
     r.register_maker("SpatialBN", spatial_bn);
     r.register_maker("LayerNorm", layer_norm);
+    // GroupNorm's gradient reads dY, X, gamma, beta and the saved mean and inverse std.
+    r.register_maker(
+        "GroupNorm",
+        single(
+            "GroupNormGradient",
+            &[GO(0), I(0), I(1), I(2), O(1), O(2)],
+            &[GI(0), GI(1), GI(2)],
+        ),
+    );
     r.register_maker("InstanceNorm", instance_norm);
     r.register_maker(
         "PRelu",

@@ -21,6 +21,11 @@ pub fn register(r: &mut Registry) {
         lengths_op(LengthsReducer::WEIGHTED_SUM, true),
     );
     r.register_maker("LengthsSum", lengths_op(LengthsReducer::SUM, false));
+    r.register_maker("LengthsMean", lengths_op(LengthsReducer::MEAN, false));
+    r.register_maker(
+        "LengthsWeightedSum",
+        lengths_op(LengthsReducer::WEIGHTED_SUM, false),
+    );
     r.register_maker(
         "UnsortedSegmentSum",
         single("UnsortedSegmentSumGradient", &[GO(0), I(1)], &[GI(0)]),
