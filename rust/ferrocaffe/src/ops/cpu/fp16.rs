@@ -41,8 +41,8 @@ pub fn register(r: &mut Registry) {
         })))
     });
     r.cpu("Float16ConstantFill", create_fill);
-    r.cpu("FP16MomentumSGDUpdate", |i| create_momentum::<f16>(i));
-    r.cpu("FP32MomentumSGDUpdate", |i| create_momentum::<f32>(i));
+    r.cpu("FP16MomentumSGDUpdate", create_momentum::<f16>);
+    r.cpu("FP32MomentumSGDUpdate", create_momentum::<f32>);
 }
 
 /// Output 0 = f(input 0) elementwise, with a new element type (never in place).
