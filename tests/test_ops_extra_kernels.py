@@ -91,8 +91,9 @@ def momentum_ref(g, m, lr, p, momentum, wd, nesterov):
 
 
 @pytest.mark.parametrize("nesterov", [False, True])
-@pytest.mark.parametrize("op_type,dtype", [("FP32MomentumSGDUpdate", np.float32),
-                                           ("FP16MomentumSGDUpdate", np.float16)])
+@pytest.mark.parametrize(
+    "op_type,dtype", [("FP32MomentumSGDUpdate", np.float32), ("FP16MomentumSGDUpdate", np.float16)]
+)
 def test_momentum_sgd_with_weight_decay(op_type, dtype, nesterov):
     g, m, p = (f32(3, 2).astype(dtype) for _ in range(3))
     lr = np.array([-0.1], np.float32)
@@ -124,8 +125,9 @@ def test_lars():
     assert out.shape == (1,)
     np.testing.assert_allclose(out[0], min(ref, 5.0), rtol=1e-5)
     (out,) = run("Lars", ins, ["lr"])  # defaults: offset 0.5, lr_min 0.02
-    np.testing.assert_allclose(out[0], 0.8 / (np.linalg.norm(dx) / np.linalg.norm(x) + 0.51),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        out[0], 0.8 / (np.linalg.norm(dx) / np.linalg.norm(x) + 0.51), rtol=1e-5
+    )
     (out,) = run("Lars", ins, ["lr"], lr_min=2.0)
     assert out[0] == 2.0
 
@@ -135,8 +137,12 @@ def test_learning_rate_adaption(normalized):
     lr = np.array([-0.05], np.float32)
     g, e = f32(10), f32(10)
     (out,) = run_named(
-        "LearningRateAdaption", ["lr", "g", "e"], {"lr": lr, "g": g, "e": e}, ["lr"],
-        lr_alpha=0.1, normalized_lr_adaption=normalized,
+        "LearningRateAdaption",
+        ["lr", "g", "e"],
+        {"lr": lr, "g": g, "e": e},
+        ["lr"],
+        lr_alpha=0.1,
+        normalized_lr_adaption=normalized,
     )
     dot = float(np.dot(g.astype(np.float64), e))
     if normalized:
@@ -167,14 +173,22 @@ def test_rowwise_sparse_adagrad():
     g = f32(3, 3)
     lr = np.array([-0.1], np.float32)
     feeds = {"p": p, "h": h, "i": idx, "g": g, "lr": lr}
-    got = run_named("RowWiseSparseAdagrad", ["p", "h", "i", "g", "lr"], feeds, ["p", "h"],
-                    epsilon=1e-4)
+    got = run_named(
+        "RowWiseSparseAdagrad", ["p", "h", "i", "g", "lr"], feeds, ["p", "h"], epsilon=1e-4
+    )
     for a, b in zip(got, rowwise_adagrad_ref(p, h, idx, g, -0.1, 1e-4), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     counter = np.array([0.0, 2.0, 1.0, 4.0, 0.5])
     feeds["c"] = counter
-    got = run_named("RowWiseSparseAdagrad", ["p", "h", "i", "g", "lr", "c"], feeds, ["p", "h"],
-                    epsilon=1e-4, weight_decay=0.1, counter_halflife=2)
+    got = run_named(
+        "RowWiseSparseAdagrad",
+        ["p", "h", "i", "g", "lr", "c"],
+        feeds,
+        ["p", "h"],
+        epsilon=1e-4,
+        weight_decay=0.1,
+        counter_halflife=2,
+    )
     ref = rowwise_adagrad_ref(p, h, idx, g, -0.1, 1e-4, 0.1, counter, 2)
     for a, b in zip(got, ref, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -203,8 +217,15 @@ def test_rowwise_sparse_adam(with_grad):
     p, m1, m2 = f32(4, 2), f32(4, 2), f32(4, lo=0.0, hi=0.5)
     idx = np.array([[1, 2], [1, 0]], np.int32)
     g = f32(2, 2, 2)
-    feeds = {"p": p, "m1": m1, "m2": m2, "i": idx, "g": g,
-             "lr": np.array([-0.01], np.float32), "it": np.array([4], np.int64)}
+    feeds = {
+        "p": p,
+        "m1": m1,
+        "m2": m2,
+        "i": idx,
+        "g": g,
+        "lr": np.array([-0.01], np.float32),
+        "it": np.array([4], np.int64),
+    }
     outs = ["p", "m1", "m2"] + (["eff"] if with_grad else [])
     got = run_named("RowWiseSparseAdam", ["p", "m1", "m2", "i", "g", "lr", "it"], feeds, outs)
     ref = rowwise_adam_ref(p, m1, m2, idx, g, -0.01, 4)
@@ -220,10 +241,22 @@ def test_smart_decay_sparse_adam():
     idx = np.array([2, 1], np.int64)
     g = f32(2, 3)
     it = 9
-    feeds = {"p": p, "m1": m1, "m2": m2, "seen": seen, "i": idx, "g": g,
-             "lr": np.array([-0.01], np.float32), "it": np.array([it], np.int64)}
-    got = run_named("SmartDecaySparseAdam", ["p", "m1", "m2", "seen", "i", "g", "lr", "it"],
-                    feeds, ["p", "m1", "m2", "seen"])
+    feeds = {
+        "p": p,
+        "m1": m1,
+        "m2": m2,
+        "seen": seen,
+        "i": idx,
+        "g": g,
+        "lr": np.array([-0.01], np.float32),
+        "it": np.array([it], np.int64),
+    }
+    got = run_named(
+        "SmartDecaySparseAdam",
+        ["p", "m1", "m2", "seen", "i", "g", "lr", "it"],
+        feeds,
+        ["p", "m1", "m2", "seen"],
+    )
     rp, rm1, rm2 = (a.astype(np.float64).copy() for a in (p, m1, m2))
     rseen = seen.copy()
     t = it + 1
@@ -244,8 +277,9 @@ def test_rowwise_counter():
     cnt = np.array([0.0, 1.0, 2.0, 3.0])
     idx = np.array([1, 2, 2, 3], np.int64)
     feeds = {"prev": prev, "cnt": cnt, "i": idx, "it": np.array([8], np.int64)}
-    got = run_named("RowWiseCounter", ["prev", "cnt", "i", "it"], feeds, ["prev", "cnt"],
-                    counter_halflife=5)
+    got = run_named(
+        "RowWiseCounter", ["prev", "cnt", "i", "it"], feeds, ["prev", "cnt"], counter_halflife=5
+    )
     rp, rc = prev.copy(), cnt.copy()
     for r in idx:
         delta = max(0, 8 - rp[r])
@@ -274,14 +308,22 @@ def group_norm_ref(x, gamma, beta, group, eps, order):
     return y, mu, rsig
 
 
-@pytest.mark.parametrize("order,shape", [("NCHW", (2, 6, 3, 2)), ("NHWC", (2, 3, 2, 6)),
-                                         ("NCHW", (1, 6, 2, 2, 2))])
+@pytest.mark.parametrize(
+    "order,shape", [("NCHW", (2, 6, 3, 2)), ("NHWC", (2, 3, 2, 6)), ("NCHW", (1, 6, 2, 2, 2))]
+)
 def test_group_norm_forward(order, shape):
     x = f32(*shape)
     c = 6
     gamma, beta = f32(c), f32(c)
-    y, mu, rsig = run("GroupNorm", {"X": x, "gamma": gamma, "beta": beta}, ["Y", "mu", "rsig"],
-                      group=3, epsilon=1e-3, order=order, is_test=0)
+    y, mu, rsig = run(
+        "GroupNorm",
+        {"X": x, "gamma": gamma, "beta": beta},
+        ["Y", "mu", "rsig"],
+        group=3,
+        epsilon=1e-3,
+        order=order,
+        is_test=0,
+    )
     ry, rmu, rrsig = group_norm_ref(x, gamma, beta, 3, 1e-3, order)
     np.testing.assert_allclose(y, ry, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(mu, rmu, rtol=1e-4, atol=1e-5)
@@ -295,11 +337,14 @@ def test_group_norm_gradient(order):
     x = f32(*shape)
     gamma, beta = f32(4, lo=0.5, hi=1.5), f32(4)
     args = dict(group=2, order=order)
-    op = core.CreateOperator("GroupNorm", ["X", "gamma", "beta"], ["Y", "mu", "rsig"],
-                             is_test=0, **args)
+    op = core.CreateOperator(
+        "GroupNorm", ["X", "gamma", "beta"], ["Y", "mu", "rsig"], is_test=0, **args
+    )
     grad = core.CreateOperator(
-        "GroupNormGradient", ["Y_grad", "X", "gamma", "beta", "mu", "rsig"],
-        ["X_grad", "gamma_grad", "beta_grad"], **args,
+        "GroupNormGradient",
+        ["Y_grad", "X", "gamma", "beta", "mu", "rsig"],
+        ["X_grad", "gamma_grad", "beta_grad"],
+        **args,
     )
     check_gradient(op, [x, gamma, beta], [grad], check=[0, 1, 2], step=0.005)
 
@@ -323,8 +368,13 @@ def test_moments_forward(axes, keepdims):
 def test_moments_gradient(axes, keepdims):
     x = f32(3, 4, 2)
     op = core.CreateOperator("Moments", ["X"], ["mean", "var"], axes=axes, keepdims=keepdims)
-    grad = core.CreateOperator("MomentsGradient", ["mean_grad", "var_grad", "X", "mean"],
-                               ["X_grad"], axes=axes, keepdims=keepdims)
+    grad = core.CreateOperator(
+        "MomentsGradient",
+        ["mean_grad", "var_grad", "X", "mean"],
+        ["X_grad"],
+        axes=axes,
+        keepdims=keepdims,
+    )
     check_gradient(op, [x], [grad], check=[0], outputs_with_grads=(0, 1))
 
 
