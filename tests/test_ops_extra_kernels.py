@@ -8,7 +8,7 @@ input/output order, no gradient maker being registered for these types yet)."""
 import numpy as np
 import pytest
 
-from ferrocaffe import core, gradient_checker, workspace
+from ferrocaffe import brew, core, gradient_checker, model_helper, optimizer, workspace
 
 
 @pytest.fixture(autouse=True)
@@ -461,3 +461,44 @@ def test_unary_gradient_kernels(fwd, grad_type, grad_inputs, make):
 def test_unary_gradient_shape_mismatch():
     with pytest.raises(RuntimeError, match="same shape"):
         run_named("SinGradient", ["X", "dY"], {"X": f32(3), "dY": f32(4)}, ["dX"])
+
+
+# -- the optimizer builders that emit these ops -----------------------------------------------
+
+BUILDERS = {
+    "RowWiseSparseAdagrad": lambda: optimizer.AdagradOptimizer(alpha=0.1, rowWise=True),
+    "RowWiseCounter": lambda: optimizer.AdagradOptimizer(
+        alpha=0.1, rowWise=True, counter_halflife=5, weight_decay=0.01
+    ),
+    "RowWiseSparseAdam": lambda: optimizer.AdamOptimizer(alpha=0.01, rowWise=True),
+    "SmartDecaySparseAdam": lambda: optimizer.AdamOptimizer(alpha=0.01, use_smart_decay=True),
+    "LearningRateAdaption": lambda: optimizer.AdamOptimizer(
+        alpha=0.01, rowWise=True, use_lr_adaption=True
+    ),
+}
+
+
+@pytest.mark.parametrize("op_type", sorted(BUILDERS))
+def test_optimizer_builders_run_on_an_embedding(op_type):
+    """The optimizer emits ``op_type`` for a sparse embedding gradient, and three training
+    iterations update exactly the rows that were looked up."""
+    model = model_helper.ModelHelper(name="emb_" + op_type)
+    emb = model.param_init_net.GaussianFill([], "emb", shape=[5, 3], std=0.5)
+    model.AddParameter(emb)
+    pooled = model.net.SparseLengthsSum([emb, "ids", "lens"], "pooled")
+    fc = brew.fc(model, pooled, "fc", dim_in=3, dim_out=1)
+    dist = model.net.SquaredL2Distance([fc, "target"], "dist")
+    model.AddGradientOperators([model.net.AveragedLoss(dist, "loss")])
+    (info,) = [i for i in model.GetOptimizationParamInfo() if str(i.blob) == "emb"]
+    BUILDERS[op_type]()(model.net, model.param_init_net, info)
+    assert op_type in {op.type for op in model.net.Proto().op}
+    workspace.FeedBlob("ids", np.array([0, 3, 3, 1], np.int32))
+    workspace.FeedBlob("lens", np.array([2, 2], np.int32))
+    workspace.FeedBlob("target", np.array([[1.0], [-1.0]], np.float32))
+    workspace.RunNetOnce(model.param_init_net)
+    before = workspace.FetchBlob("emb").copy()
+    workspace.CreateNet(model.net)
+    for _ in range(3):
+        workspace.RunNet(model.net.Proto().name)
+    changed = np.any(workspace.FetchBlob("emb") != before, axis=1)
+    assert np.flatnonzero(changed).tolist() == [0, 1, 3]
