@@ -64,6 +64,7 @@
 //! ```
 
 pub mod activations;
+pub mod arg_ops;
 pub mod broadcast;
 pub mod cast;
 pub mod compare;
@@ -77,24 +78,31 @@ pub mod elementwise;
 pub mod elementwise_linear;
 pub mod fc;
 pub mod fill;
+pub mod fp16;
+pub mod group_norm;
+pub mod lars;
 pub mod load_save;
 pub mod math;
 pub mod math_grad;
 pub mod matmul;
 pub mod minmax;
+pub mod moments;
 pub mod nn;
 pub mod norm;
 pub mod optim;
+pub mod pad_image;
 pub mod pool;
 pub mod queue;
 pub mod reduce;
 pub mod resize;
 pub mod rng;
 pub mod rnn_units;
+pub mod rowwise_optim;
 pub mod shape;
 pub mod sigmoid_xent;
 pub mod sparse;
 pub mod sparse_optim;
+pub mod unary_grad;
 
 use super::registry::Registry;
 
@@ -127,4 +135,12 @@ pub fn register_all(r: &mut Registry) {
     elementwise_linear::register(r);
     sigmoid_xent::register(r);
     sparse_optim::register(r);
+    arg_ops::register(r);
+    fp16::register(r);
+    group_norm::register(r);
+    lars::register(r);
+    moments::register(r);
+    pad_image::register(r);
+    rowwise_optim::register(r);
+    unary_grad::register(r);
 }
