@@ -315,13 +315,10 @@ impl<'py, 's> SsaObjects<'py, 's> {
     /// The `ssa` list: per op, `(inputs, outputs)`.
     fn ops(&mut self) -> PyResult<Bound<'py, PyList>> {
         let n = self.ssa.len();
-        // All names first, then all `(name, version)` tuples, then the lists: objects of a
-        // kind end up together in memory, which makes building the lists, and the garbage
-        // collector's later passes over them, markedly faster than creating each object where
-        // it is first needed.
-        for b in 0..self.ssa.names().len() {
-            self.name(ferrocaffe::graph::BlobId(b as u32))?;
-        }
+        // All `(name, version)` tuples first (the names were made by `versions`, save those
+        // of blobs it lacks), then the lists: objects of a kind end up together in memory,
+        // which makes building the lists, and the garbage collector's later passes over
+        // them, markedly faster than creating each object where it is first needed.
         for v in 0..self.ssa.num_values() {
             self.value(ValueId(v as u32))?;
         }
@@ -342,17 +339,34 @@ impl<'py, 's> SsaObjects<'py, 's> {
         }
     }
 
-    /// `blob_versions`.
+    /// `blob_versions`. Built first: its keys are created here, in its insertion order, each
+    /// inserted while it is still in cache (the dict reads every key's hash, and the strings
+    /// of a 100k-op net do not fit in cache by the time a later pass would reach them).
     fn versions(&mut self) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(self.py);
+        let d = new_dict(self.py, self.ssa.num_blob_versions())?;
         for (b, v) in self.ssa.blob_version_ids() {
             let key = self.name(b)?;
-            // SAFETY: `key` is a live string owned by `self`; the GIL is held.
-            let key = unsafe { Bound::from_borrowed_ptr(self.py, key) };
-            d.set_item(key, v)?;
+            // SAFETY: the GIL is held; `key` is a live string owned by `self`, `number` a new
+            // reference released after `PyDict_SetItem` took its own.
+            unsafe {
+                let number = pyo3::ffi::PyLong_FromLongLong(v);
+                if number.is_null() {
+                    return Err(PyErr::fetch(self.py));
+                }
+                let rc = pyo3::ffi::PyDict_SetItem(d.as_ptr(), key, number);
+                pyo3::ffi::Py_DecRef(number);
+                if rc != 0 {
+                    return Err(PyErr::fetch(self.py));
+                }
+            }
         }
         Ok(d)
     }
+}
+
+/// A new empty dict with room for `n` items.
+fn new_dict(py: Python<'_>, _n: usize) -> PyResult<Bound<'_, PyDict>> {
+    Ok(PyDict::new(py))
 }
 
 /// `core.get_ssa` on serialized NetDef bytes: `(ssa, blob_versions)`, with `start` the
@@ -369,8 +383,8 @@ fn ssa_get_ssa<'py>(
         .detach(|| Ssa::from_bytes(net, start.iter().map(|(n, v)| (n.as_str(), *v))))
         .py()?;
     let mut objs = SsaObjects::new(py, &ssa);
-    let ops = objs.ops()?;
     let versions = objs.versions()?;
+    let ops = objs.ops()?;
     Ok((ops, versions))
 }
 
