@@ -21,6 +21,9 @@ const NONE: u32 = u32::MAX;
 /// so that the cache misses of a batch overlap.
 const BATCH_OPS: usize = 32;
 
+/// Names per batch outside the ops.
+const BATCH_NAMES: usize = 64;
+
 /// The top-level fields the SSA needs.
 struct Outline<'b> {
     ops: Vec<&'b [u8]>,
@@ -192,11 +195,13 @@ pub(crate) fn ssa_from_bytes(bytes: &[u8], start: &[(&str, Version)]) -> Option<
     let max_start = start.iter().map(|s| s.1).max().unwrap_or(0);
     max_start.checked_add(bytes.len() as i64)?;
     let declared = !net.external_inputs.is_empty();
+    // Room for about as many blobs as the names table (grown one batch at a time).
+    let blobs = bytes.len() / 24;
     let mut pass = Pass {
-        version: Vec::new(),
-        current: Vec::new(),
-        added: Vec::new(),
-        events: Vec::new(),
+        version: Vec::with_capacity(blobs),
+        current: Vec::with_capacity(blobs),
+        added: Vec::with_capacity(blobs),
+        events: Vec::with_capacity(n_ops),
         values: Vec::with_capacity(n_ops * 2 + 8),
         inputs: Vec::with_capacity(n_ops * 3),
         outputs: Vec::with_capacity(n_ops + n_ops / 2),
@@ -228,14 +233,14 @@ pub(crate) fn ssa_from_bytes(bytes: &[u8], start: &[(&str, Version)]) -> Option<
             at += n_in + n_out;
         }
     }
-    // Names the checked reader interns after the ops' ones.
-    let ext_in: Vec<BlobId> = net
-        .external_inputs
-        .iter()
-        .map(|n| names.intern(n))
-        .collect();
-    for n in &net.external_outputs {
-        names.intern(n);
+    // Names the checked reader interns after the ops' ones (in batches, as the ops' names).
+    let mut ext_in: Vec<BlobId> = Vec::with_capacity(net.external_inputs.len());
+    for chunk in net.external_inputs.chunks(BATCH_NAMES) {
+        names.intern_batch(chunk, &mut ext_in);
+    }
+    for chunk in net.external_outputs.chunks(BATCH_NAMES) {
+        ids.clear();
+        names.intern_batch(chunk, &mut ids);
     }
     let start_ids: Vec<(BlobId, Version)> =
         start.iter().map(|&(n, v)| (names.intern(n), v)).collect();
