@@ -8,8 +8,10 @@ comparison checks they are no slower than the reference loops.)
 
 Prints the best time of a few runs per function and size, the ratio reference / ferrocaffe,
 and the growth factor of ferrocaffe's time from one size to the next (10x more ops should cost
-about 10x). For get_ssa, "(with gc)" adds the garbage collector's first pass over the result
-(it runs on the caller's next allocation, whoever pays it).
+about 10x). Each time includes freeing the function's result, except the "(result kept)"
+row, which frees it after the clock stops. For get_ssa, "(with gc)" adds the garbage
+collector's first pass over the result (it runs on the caller's next allocation, whoever
+pays it).
 """
 
 import argparse
@@ -66,14 +68,19 @@ def build_net(n_ops):
     return net
 
 
-def best_of(fn, repeats):
-    """Best wall time and best CPU time of the calling thread (ms) over `repeats` runs."""
+def best_of(fn, repeats, keep=False):
+    """Best wall time and best CPU time of the calling thread (ms) over `repeats` runs. The
+    result of `fn` is freed inside the timed span, unless `keep`: then it is freed after the
+    clock stops (what the call costs a caller who keeps what it returns)."""
     best, best_cpu = float("inf"), float("inf")
     for _ in range(repeats):
         t0, c0 = time.perf_counter(), time.thread_time()
-        fn()
+        result = fn()
+        if not keep:
+            del result
         best = min(best, time.perf_counter() - t0)
         best_cpu = min(best_cpu, time.thread_time() - c0)
+        result = None
     return best * 1e3, best_cpu * 1e3
 
 
@@ -90,6 +97,10 @@ def fresh_memory_ms_per_mb():
     return best * 1e3 / 32
 
 
+# Marks a case whose results are freed after the clock stops.
+KEEP = object()
+
+
 def cases(net):
     n = len(net.op)
     ssa, versions = core.get_ssa(net)
@@ -98,6 +109,7 @@ def cases(net):
     mid_fc = next(op_id for op_id in range(n // 2, n) if net.op[op_id].type == "FC")
     sub = list(range(n // 2, n // 2 + 20))
     yield "get_ssa", lambda: core.get_ssa(net), lambda: ref.get_ssa(net)
+    yield "get_ssa (result kept)", KEEP, lambda: core.get_ssa(net), lambda: ref.get_ssa(net)
     yield (
         "get_ssa (with gc)",
         lambda: (core.get_ssa(net), gc.collect(0)),
@@ -186,10 +198,12 @@ def main():
         print("%-24s %9.2f %9.2f" % ("(protobuf parse)", *parse))
         py_repeats = max(1, min(args.repeats, 200_000 // (n * 2)))
         names = []
-        for name, fast, slow in cases(net):
+        for name, *fns in cases(net):
+            keep = fns[0] is KEEP
+            fast, slow = fns[-2:]
             names.append(name)
-            rust = best_of(fast, args.repeats)
-            py, _ = best_of(slow, py_repeats)
+            rust = best_of(fast, args.repeats, keep)
+            py, _ = best_of(slow, py_repeats, keep)
             results[(name, n)] = rust
             print("%-24s %9.2f %9.2f %11.2f %7.1fx" % (name, *rust, py, py / rust[0]))
 

@@ -221,6 +221,29 @@ def test_get_ssa_updates_the_given_dict_in_place():
         core.get_ssa("not a net")
 
 
+
+def test_get_ssa_of_a_large_net_matches_reference():
+    """Over 2**17 blob_versions entries (past the size a presized dict is made at, so the dict
+    grows as well) and large versions: the same lists, tuples, ints and key order as the
+    reference."""
+    ops = []
+    for i in range(70_000):
+        ops.append(("FC", ["h", "w%d" % i, "b%d" % i], ["o%d" % i]))
+        ops.append(("Relu", ["o%d" % i], ["h"]))
+    ops.append(("Copy", ["h"], ["copy"]))
+    net = make_net(ops, ["h"] + ["w%d" % i for i in range(70_000)], ["h"])
+    start = {"h": 2**40, "extra": 7}
+    ssa, versions = core.get_ssa(net, dict(start))
+    ref_ssa, ref_versions = ref.get_ssa(net, dict(start))
+    assert len(versions) > 2**17
+    assert ssa == ref_ssa
+    assert list(versions.items()) == list(ref_versions.items())
+    assert type(ssa) is list and type(versions) is dict
+    inputs, outputs = ssa[-1]
+    assert type(inputs) is list and type(inputs[0]) is tuple
+    assert inputs == [("h", 2**40 + 70_000)] and type(inputs[0][1]) is int
+    assert outputs == [("copy", 1)] and versions["copy"] == 1
+
 def test_ssa_helpers_on_given_ssa():
     ssa = [([("x", 0)], [("y", 1)]), ([("y", 1), ("w", 0)], [("y", 2), ("z", 1)])]
     assert core.get_undefined_blobs(ssa) == {"x", "w"}

@@ -374,6 +374,11 @@ impl Ssa {
             .map(|&b| (b, self.version[b.index()].unwrap_or(0)))
     }
 
+    /// Number of entries of `blob_versions`.
+    pub fn num_blob_versions(&self) -> usize {
+        self.order.len()
+    }
+
     /// `blob_versions[name]`, if present.
     pub fn version(&self, name: &str) -> Option<Version> {
         self.names.get(name).and_then(|b| self.version_of(b))

@@ -21,6 +21,9 @@ const NONE: u32 = u32::MAX;
 /// so that the cache misses of a batch overlap.
 const BATCH_OPS: usize = 32;
 
+/// Names per batch outside the ops.
+const BATCH_NAMES: usize = 64;
+
 /// The top-level fields the SSA needs.
 struct Outline<'b> {
     ops: Vec<&'b [u8]>,
@@ -95,13 +98,24 @@ fn scan_op<'b>(op: &'b [u8], names: &mut Vec<&'b str>, outs: &mut Vec<&'b str>) 
     Some(n_in)
 }
 
+/// What the pass knows of one blob, in one place (the pass reads and writes all of it for
+/// each use of the blob).
+#[derive(Clone, Copy)]
+struct BlobState {
+    /// Its current version (meaningful when `known`).
+    version: Version,
+    /// The value id of `(blob, version)`, or `NONE` before any op reads or writes that pair.
+    current: u32,
+    /// Whether it is in `blob_versions` (so far).
+    known: bool,
+    /// Whether some op-phase event would add it to `blob_versions` (see [`Pass::finish`]).
+    added: bool,
+}
+
 /// The state of the versioning pass.
 struct Pass {
-    version: Vec<Option<Version>>,
-    current: Vec<u32>,
-    /// Per blob: whether some op-phase event would add it to `blob_versions` (see
-    /// [`Pass::finish`]), and the blobs in the order of those first events.
-    added: Vec<bool>,
+    blobs: Vec<BlobState>,
+    /// The blobs in the order of their first op-phase events.
     events: Vec<BlobId>,
     values: Vec<(BlobId, Version)>,
     inputs: Vec<Slot>,
@@ -112,63 +126,67 @@ struct Pass {
 
 impl Pass {
     fn grow(&mut self, n: usize, start: &FxHashMap<&str, Version>, names: &Names) {
-        while self.version.len() < n {
-            let id = BlobId(self.version.len() as u32);
+        while self.blobs.len() < n {
+            let id = BlobId(self.blobs.len() as u32);
             let v = if start.is_empty() {
                 None
             } else {
                 start.get(names.name(id)).copied()
             };
-            self.version.push(v);
-            self.current.push(NONE);
-            self.added.push(false);
-        }
-    }
-
-    fn event(&mut self, b: BlobId) {
-        if !self.added[b.index()] {
-            self.added[b.index()] = true;
-            self.events.push(b);
+            self.blobs.push(BlobState {
+                version: v.unwrap_or(0),
+                current: NONE,
+                known: v.is_some(),
+                added: false,
+            });
         }
     }
 
     fn op(&mut self, ins: &[BlobId], outs: &[BlobId], declared: bool) {
         for &b in ins {
-            let i = b.index();
-            if !declared && self.version[i].is_none() {
-                self.version[i] = Some(0);
-                self.event(b);
+            let e = &mut self.blobs[b.index()];
+            if !e.known && !declared {
+                e.known = true;
+                e.version = 0;
+                if !e.added {
+                    e.added = true;
+                    self.events.push(b);
+                }
             }
-            let v = self.version[i].unwrap_or(0);
-            if self.current[i] == NONE {
-                self.current[i] = self.values.len() as u32;
+            // Unknown blobs are read at version 0 (`version` stays 0 until they are known).
+            let v = e.version;
+            if e.current == NONE {
+                e.current = self.values.len() as u32;
                 self.values.push((b, v));
             }
             self.inputs.push(Slot {
                 blob: b,
                 version: v,
-                value: ValueId(self.current[i]),
+                value: ValueId(e.current),
             });
         }
         for &b in outs {
-            let i = b.index();
-            let v = match self.version[i] {
-                Some(v) => v + 1,
-                None => {
-                    self.event(b);
-                    1
+            let e = &mut self.blobs[b.index()];
+            let v = if e.known {
+                e.version + 1
+            } else {
+                if !e.added {
+                    e.added = true;
+                    self.events.push(b);
                 }
+                1
             };
-            self.version[i] = Some(v);
-            self.current[i] = self.values.len() as u32;
+            e.known = true;
+            e.version = v;
+            e.current = self.values.len() as u32;
             self.values.push((b, v));
         }
         for &b in outs {
-            let i = b.index();
+            let e = &self.blobs[b.index()];
             self.outputs.push(Slot {
                 blob: b,
-                version: self.version[i].unwrap_or(0),
-                value: ValueId(self.current[i]),
+                version: e.version,
+                value: ValueId(e.current),
             });
         }
         self.in_off.push(self.inputs.len() as u32);
@@ -192,11 +210,11 @@ pub(crate) fn ssa_from_bytes(bytes: &[u8], start: &[(&str, Version)]) -> Option<
     let max_start = start.iter().map(|s| s.1).max().unwrap_or(0);
     max_start.checked_add(bytes.len() as i64)?;
     let declared = !net.external_inputs.is_empty();
+    // Room for about as many blobs as the names table (grown one batch at a time).
+    let blobs = bytes.len() / 24;
     let mut pass = Pass {
-        version: Vec::new(),
-        current: Vec::new(),
-        added: Vec::new(),
-        events: Vec::new(),
+        blobs: Vec::with_capacity(blobs),
+        events: Vec::with_capacity(n_ops),
         values: Vec::with_capacity(n_ops * 2 + 8),
         inputs: Vec::with_capacity(n_ops * 3),
         outputs: Vec::with_capacity(n_ops + n_ops / 2),
@@ -228,14 +246,14 @@ pub(crate) fn ssa_from_bytes(bytes: &[u8], start: &[(&str, Version)]) -> Option<
             at += n_in + n_out;
         }
     }
-    // Names the checked reader interns after the ops' ones.
-    let ext_in: Vec<BlobId> = net
-        .external_inputs
-        .iter()
-        .map(|n| names.intern(n))
-        .collect();
-    for n in &net.external_outputs {
-        names.intern(n);
+    // Names the checked reader interns after the ops' ones (in batches, as the ops' names).
+    let mut ext_in: Vec<BlobId> = Vec::with_capacity(net.external_inputs.len());
+    for chunk in net.external_inputs.chunks(BATCH_NAMES) {
+        names.intern_batch(chunk, &mut ext_in);
+    }
+    for chunk in net.external_outputs.chunks(BATCH_NAMES) {
+        ids.clear();
+        names.intern_batch(chunk, &mut ids);
     }
     let start_ids: Vec<(BlobId, Version)> =
         start.iter().map(|&(n, v)| (names.intern(n), v)).collect();
@@ -261,7 +279,11 @@ impl Pass {
                 in_order[b.index()] = true;
                 order.push(b);
                 // Declared and never written: version 0.
-                self.version[b.index()].get_or_insert(0);
+                let e = &mut self.blobs[b.index()];
+                if !e.known {
+                    e.known = true;
+                    e.version = 0;
+                }
             }
         }
         for &b in &self.events {
@@ -277,7 +299,10 @@ impl Pass {
             self.out_off,
             self.outputs,
             self.values,
-            self.version,
+            self.blobs
+                .iter()
+                .map(|e| e.known.then_some(e.version))
+                .collect(),
             order,
         )
     }
