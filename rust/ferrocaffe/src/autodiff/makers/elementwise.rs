@@ -64,6 +64,10 @@ pub fn register(r: &mut Registry) {
     }
     r.register_maker("Cbrt", single("CbrtGradient", &[GO(0), O(0)], &[GI(0)]));
     r.register_maker("Rsqrt", single("RsqrtGradient", &[GO(0), O(0)], &[GI(0)]));
+    r.register_maker("RSqrt", single("RSqrtGradient", &[GO(0), O(0)], &[GI(0)]));
+    // Precision casts: the gradient is the opposite cast.
+    r.register_maker("FloatToHalf", single("HalfToFloat", &[GO(0)], &[GI(0)]));
+    r.register_maker("HalfToFloat", single("FloatToHalf", &[GO(0)], &[GI(0)]));
     r.register_maker(
         "Reciprocal",
         single("ReciprocalGradient", &[O(0), GO(0)], &[GI(0)]),
