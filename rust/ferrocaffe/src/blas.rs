@@ -132,6 +132,12 @@ pub fn backend() -> String {
     }
 }
 
+/// Whether [`sgemm`] runs on a CBLAS library, which parallelizes each product on its own
+/// thread pool (callers that would run GEMMs on several threads at once may prefer one).
+pub fn gemm_is_threaded() -> bool {
+    active_cblas().is_some()
+}
+
 fn active_cblas() -> Option<&'static Cblas> {
     CBLAS
         .get()
