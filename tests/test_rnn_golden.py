@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from tests.conftest import REPO_ROOT, golden_path
+from conftest import REPO_ROOT, golden_path
 
 GOLDEN = golden_path()
 RUNNER = GOLDEN / "tools" / "run_golden.py"
