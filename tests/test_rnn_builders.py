@@ -825,3 +825,22 @@ def test_milstm_gradients_cover_every_parameter():
     assert [op.input[i] for i in args["param"].ints] == step_params
     (gradient_op,) = [o for o in model.net.Proto().op if o.type == "RecurrentNetworkGradient"]
     assert set(gradient_op.output) >= {p + "_grad" for p in step_params}
+
+
+@pytest.mark.parametrize(
+    "method,args",
+    [
+        ("apply_override", (None, "x", None, [], "t")),
+        ("get_state_names_override", ()),
+        ("get_output_dim", ()),
+    ],
+)
+def test_rnn_cell_base_methods_must_be_overridden(method, args):
+    """Caffe2's RNNCell raises NotImplementedError from the methods a subclass must provide."""
+    from ferrocaffe.rnn_cell.base import RNNCell
+
+    class Partial(RNNCell):
+        pass
+
+    with pytest.raises(NotImplementedError, match=f"Partial.{method} is abstract in RNNCell"):
+        getattr(Partial(name="p"), method)(*args)

@@ -32,10 +32,14 @@ def _RectifyNames(blob_references_or_names):
     return [_RectifyName(i) for i in blob_references_or_names]
 
 
-def _abstract(cell):
-    """Caffe2's RNNCell base methods that subclasses must override raise this error; callers
-    (and Caffe2 code that catches it) rely on the exact exception type."""
-    raise NotImplementedError(f"Abstract method of {type(cell).__name__}")
+def _abstract(cell, method):
+    """The deliberate error of RNNCell's methods that a subclass must override: Caffe2's base
+    class raises NotImplementedError there, and code written for Caffe2 relies on that type.
+    (Not abc.ABC: Caffe2's RNNCell can be instantiated, and subclasses override only what
+    they use.)"""
+    raise NotImplementedError(
+        f"{type(cell).__name__}.{method} is abstract in RNNCell: the subclass must override it"
+    )
 
 
 class RNNCell:
@@ -166,7 +170,7 @@ class RNNCell:
         extra_inputs: [(blob, dim)] inputs not passed through prepare_input.
         Returns the new states.
         """
-        _abstract(self)
+        _abstract(self, "apply_override")
 
     def prepare_input(self, model, input_blob):
         """Work that depends only on the input, done once over the whole sequence."""
@@ -182,11 +186,11 @@ class RNNCell:
 
     def get_state_names_override(self):
         """The unscoped names of the recurrent states, to be implemented by subclasses."""
-        _abstract(self)
+        _abstract(self, "get_state_names_override")
 
     def get_output_dim(self):
         """Size of the step's output, to be implemented by subclasses."""
-        _abstract(self)
+        _abstract(self, "get_output_dim")
 
     def _prepare_output(self, model, states):
         return states[self.get_output_state_index()]
