@@ -29,6 +29,7 @@
 //!
 //! The Adam ops take `beta1` (0.9), `beta2` (0.999) and `epsilon` (1e-5).
 
+use super::sparse_optim;
 use crate::error::{Error, Result};
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
@@ -98,62 +99,16 @@ fn expect(ctx: &OpContext<'_>, i: usize, dtype: DataType, n: usize, what: &str) 
     Ok(())
 }
 
-/// Rows of `param` to update (checked), and the row size, for GRAD being the rows at INDICES.
+/// Rows of `param` to update (checked), the row size and PARAM's row count, for GRAD being
+/// the rows at INDICES (the checks of [`sparse_optim::sparse_rows`], no full-size state).
 fn sparse_rows(
     ctx: &OpContext<'_>,
     param: usize,
     indices: usize,
     grad: usize,
 ) -> Result<(Vec<usize>, usize, usize)> {
-    let p = ctx.input(param)?;
-    let rows = *p.dims().first().ok_or_else(|| {
-        rt(format!(
-            "input {param} ('{}') must have at least one dimension",
-            ctx.input_name(param)
-        ))
-    })?;
-    let idx_t = ctx.input(indices)?;
-    if !matches!(idx_t.dtype(), DataType::Int32 | DataType::Int64) {
-        return Err(rt(format!(
-            "input {indices} ('{}') must hold int32 or int64 indices, got {}",
-            ctx.input_name(indices),
-            idx_t.dtype()
-        )));
-    }
-    let g = ctx.input(grad)?;
-    let block = p.size_from_dim(1);
-    let g_block = if idx_t.ndim() <= g.ndim() {
-        g.size_from_dim(idx_t.ndim())
-    } else {
-        usize::MAX
-    };
-    if g_block != block || g.numel() != idx_t.numel() * block {
-        return Err(rt(format!(
-            "'{}' {:?} must be the rows of '{}' {:?} at the indices '{}' {:?}",
-            ctx.input_name(grad),
-            g.dims(),
-            ctx.input_name(param),
-            p.dims(),
-            ctx.input_name(indices),
-            idx_t.dims()
-        )));
-    }
-    let idx = idx_t
-        .to_i64_vec()?
-        .into_iter()
-        .map(|i| {
-            usize::try_from(i)
-                .ok()
-                .filter(|&r| r < rows)
-                .ok_or_else(|| {
-                    rt(format!(
-                        "index {i} of '{}' out of range for '{}' with {rows} rows",
-                        ctx.input_name(indices),
-                        ctx.input_name(param)
-                    ))
-                })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let (idx, block) = sparse_optim::sparse_rows(ctx, param, &[], indices, grad)?;
+    let rows = ctx.input(param)?.dims()[0];
     Ok((idx, block, rows))
 }
 

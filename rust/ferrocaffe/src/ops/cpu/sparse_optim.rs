@@ -9,6 +9,7 @@
 use crate::error::{Error, Result};
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
+use crate::tensor::DataType;
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
@@ -44,10 +45,11 @@ fn scalar(ctx: &OpContext<'_>, i: usize) -> Result<f32> {
     Ok(t.get_f64(0)? as f32)
 }
 
-/// The rows to update and the row size, after the shape checks shared by both ops: the state
-/// inputs `state` have as many values as PARAM, and GRAD's dimensions after those of INDICES
-/// are PARAM's after the first.
-fn sparse_rows(
+/// The rows to update and the row size, after the shape checks shared by the sparse
+/// optimizers (here and in `rowwise_optim`): the state inputs `state` have as many values as
+/// PARAM, INDICES holds int32 or int64 values within PARAM's rows, and GRAD's dimensions after
+/// those of INDICES are PARAM's after the first.
+pub(super) fn sparse_rows(
     ctx: &OpContext<'_>,
     param: usize,
     state: &[usize],
@@ -73,6 +75,13 @@ fn sparse_rows(
         }
     }
     let idx_t = ctx.input(indices)?;
+    if !matches!(idx_t.dtype(), DataType::Int32 | DataType::Int64) {
+        return Err(rt(format!(
+            "input {indices} ('{}') must hold int32 or int64 indices, got {}",
+            ctx.input_name(indices),
+            idx_t.dtype()
+        )));
+    }
     let g = ctx.input(grad)?;
     let block = p.size_from_dim(1);
     let g_block = if idx_t.ndim() <= g.ndim() {
