@@ -151,6 +151,19 @@ def _unary(op_type, make, **kw):
     return [_c(op_type, [("X", make((3, 4)))], **kw)]
 
 
+def _min_max_cases(op_type):
+    """Two and three inputs, distinct everywhere (no ties at the kinks)."""
+    a, b = distinct((2, 3)), distinct((2, 3), offset=-0.27)
+    return [
+        _c(op_type, [("A", a), ("B", b)]),
+        _c(
+            op_type,
+            [("A", a), ("B", b), ("C", distinct((2, 3), offset=-0.23))],
+            variant="three",
+        ),
+    ]
+
+
 def _nchw(shape=(2, 3, 4, 4)):
     return uniform(shape)
 
@@ -391,30 +404,8 @@ SPECS = {
             variant="three",
         ),
     ],
-    "Max": [
-        _c("Max", [("A", distinct((2, 3))), ("B", distinct((2, 3), offset=-0.27))]),
-        _c(
-            "Max",
-            [
-                ("A", distinct((2, 3))),
-                ("B", distinct((2, 3), offset=-0.27)),
-                ("C", distinct((2, 3), offset=-0.23)),
-            ],
-            variant="three",
-        ),
-    ],
-    "Min": [
-        _c("Min", [("A", distinct((2, 3))), ("B", distinct((2, 3), offset=-0.27))]),
-        _c(
-            "Min",
-            [
-                ("A", distinct((2, 3))),
-                ("B", distinct((2, 3), offset=-0.27)),
-                ("C", distinct((2, 3), offset=-0.23)),
-            ],
-            variant="three",
-        ),
-    ],
+    "Max": _min_max_cases("Max"),
+    "Min": _min_max_cases("Min"),
     "WeightedSum": [
         _c(
             "WeightedSum",
