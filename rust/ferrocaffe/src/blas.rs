@@ -88,23 +88,18 @@ pub fn load_cblas(path: &Path) -> Result<()> {
     // library, whose initialisers only set up its thread pool and CPU dispatch.
     let library = unsafe { libloading::Library::new(path) }
         .map_err(|e| Error::InvalidArgument(format!("cannot load CBLAS library {shown}: {e}")))?;
-    let mut found = None;
-    for symbol in SGEMM_SYMBOLS {
-        // SAFETY: the symbol, when present, is an LP64 CBLAS sgemm (signature above).
-        if let Ok(f) = unsafe { library.get::<CblasSgemm<c_int>>(symbol) } {
-            found = Some(SgemmFn::Lp64(*f));
-            break;
-        }
-    }
-    for symbol in SGEMM64_SYMBOLS {
-        if found.is_some() {
-            break;
-        }
-        // SAFETY: the symbol, when present, is an ILP64 CBLAS sgemm (signature above).
-        if let Ok(f) = unsafe { library.get::<CblasSgemm<i64>>(symbol) } {
-            found = Some(SgemmFn::Ilp64(*f));
-        }
-    }
+    // SAFETY (both lookups): a symbol of one of these names is a CBLAS sgemm with the LP64
+    // or ILP64 signature above.
+    let lp64 = SGEMM_SYMBOLS
+        .iter()
+        .find_map(|sym| unsafe { library.get::<CblasSgemm<c_int>>(sym) }.ok())
+        .map(|f| SgemmFn::Lp64(*f));
+    let found = lp64.or_else(|| {
+        SGEMM64_SYMBOLS
+            .iter()
+            .find_map(|sym| unsafe { library.get::<CblasSgemm<i64>>(sym) }.ok())
+            .map(|f| SgemmFn::Ilp64(*f))
+    });
     let sgemm = found.ok_or_else(|| {
         Error::InvalidArgument(format!(
             "{shown} exports no cblas_sgemm (nor its scipy_ / 64_ variants): not a CBLAS library"
