@@ -118,6 +118,35 @@ impl OperatorDef {
     }
 }
 
+impl Argument {
+    /// An integer argument (`i`).
+    pub fn int(name: &str, v: i64) -> Self {
+        Argument {
+            name: Some(name.into()),
+            i: Some(v),
+            ..Default::default()
+        }
+    }
+
+    /// A float argument (`f`).
+    pub fn float(name: &str, v: f32) -> Self {
+        Argument {
+            name: Some(name.into()),
+            f: Some(v),
+            ..Default::default()
+        }
+    }
+
+    /// A string argument (`s`, UTF-8 bytes).
+    pub fn string(name: &str, v: &str) -> Self {
+        Argument {
+            name: Some(name.into()),
+            s: Some(v.as_bytes().to_vec()),
+            ..Default::default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,14 +18,6 @@ const T: usize = 6;
 const N: usize = 2;
 const H: usize = 3;
 
-fn arg_i(name: &str, v: i64) -> Argument {
-    Argument {
-        name: Some(name.into()),
-        i: Some(v),
-        ..Default::default()
-    }
-}
-
 fn link(internal: &str, external: &str, offset: i64) -> Link {
     Link {
         internal: internal.into(),
@@ -54,7 +46,7 @@ fn step_net(layers: usize) -> NetDef {
             [format!("h{l}_prev"), format!("W{l}"), format!("b{l}")],
             [format!("fc{l}")],
         );
-        fc.arg.push(arg_i("axis", 2));
+        fc.arg.push(Argument::int("axis", 2));
         net.op.push(fc);
         net.op.push(OperatorDef::new(
             "Sum",
@@ -235,7 +227,7 @@ fn rnn_op(enabled: i64, threads: i64) -> OperatorDef {
         ..Default::default()
     };
     let mut fc = OperatorDef::new("FC", ["h_prev", "W", "b"], ["fc"]);
-    fc.arg.push(arg_i("axis", 2));
+    fc.arg.push(Argument::int("axis", 2));
     step.op.push(fc);
     step.op.push(OperatorDef::new("Sum", ["fc", "x_t"], ["s"]));
     step.op.push(OperatorDef::new("Tanh", ["s"], ["h_t"]));
@@ -263,8 +255,8 @@ fn rnn_op(enabled: i64, threads: i64) -> OperatorDef {
         strings("link_internal", &["h_prev", "h_t", "x_t"]),
         strings("link_external", &["states", "states", "input"]),
         ints("link_offset", &[0, 1, 0]),
-        arg_i("enable_rnn_executor", enabled),
-        arg_i("rnn_executor.num_threads", threads),
+        Argument::int("enable_rnn_executor", enabled),
+        Argument::int("rnn_executor.num_threads", threads),
         Argument {
             name: Some("step_net".into()),
             n: Some(step),

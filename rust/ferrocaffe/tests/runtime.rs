@@ -11,14 +11,6 @@ fn op(t: &str, i: &[&str], o: &[&str]) -> OperatorDef {
     OperatorDef::new(t, i.iter().copied(), o.iter().copied())
 }
 
-fn arg_f(name: &str, f: f32) -> Argument {
-    Argument {
-        name: Some(name.into()),
-        f: Some(f),
-        ..Default::default()
-    }
-}
-
 fn net(name: &str, ops: Vec<OperatorDef>, ty: &str, workers: i32) -> NetDef {
     NetDef {
         name: Some(name.into()),
@@ -58,7 +50,7 @@ fn alias_shares_writes_and_copy_does_not() {
     ws.run_operator_once(&op("Copy", &["x"], &["copy"]))
         .unwrap();
     let mut scale = op("Scale", &["view"], &["view"]);
-    scale.arg.push(arg_f("scale", 3.0));
+    scale.arg.push(Argument::float("scale", 3.0));
     ws.run_operator_once(&scale).unwrap();
     assert_eq!(f32s(&ws, "view"), vec![3.0, 6.0]);
     assert_eq!(f32s(&ws, "copy"), vec![1.0, 2.0]);
@@ -113,7 +105,7 @@ fn concurrent_substeps_run_on_threads() {
         ints: vec![1],
         ..Default::default()
     });
-    one.arg.push(arg_f("value", 1.0));
+    one.arg.push(Argument::float("value", 1.0));
     init.push(one);
     let mut plan = PlanDef {
         name: Some("p".into()),

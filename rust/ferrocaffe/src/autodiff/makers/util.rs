@@ -166,29 +166,17 @@ pub(super) fn gop(
 
 /// `MakeArgument<int>(name, v)`.
 pub(super) fn arg_i(name: &str, v: i64) -> Argument {
-    Argument {
-        name: Some(name.to_string()),
-        i: Some(v),
-        ..Default::default()
-    }
+    Argument::int(name, v)
 }
 
 /// `MakeArgument<float>(name, v)`.
 pub(super) fn arg_f(name: &str, v: f32) -> Argument {
-    Argument {
-        name: Some(name.to_string()),
-        f: Some(v),
-        ..Default::default()
-    }
+    Argument::float(name, v)
 }
 
 /// `MakeArgument<string>(name, v)`.
 pub(super) fn arg_s(name: &str, v: &str) -> Argument {
-    Argument {
-        name: Some(name.to_string()),
-        s: Some(v.as_bytes().to_vec()),
-        ..Default::default()
-    }
+    Argument::string(name, v)
 }
 
 /// The arguments of the forward op, read the way Caffe2's `ArgumentHelper` reads them

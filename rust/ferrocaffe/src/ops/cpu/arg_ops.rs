@@ -84,14 +84,6 @@ mod tests {
     use crate::tensor::Tensor;
     use crate::workspace::Workspace;
 
-    fn arg_i(name: &str, v: i64) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            i: Some(v),
-            ..Default::default()
-        }
-    }
-
     fn run(op_type: &str, x: Tensor, args: Vec<Argument>) -> crate::Result<(Vec<usize>, Vec<i64>)> {
         let ws = Workspace::new();
         ws.feed("X", x);
@@ -110,16 +102,21 @@ mod tests {
             (vec![2, 1], vec![1, 0])
         );
         assert_eq!(
-            run("ArgMax", x(), vec![arg_i("select_last_index", 1)]).unwrap(),
+            run("ArgMax", x(), vec![Argument::int("select_last_index", 1)]).unwrap(),
             (vec![2, 1], vec![2, 0])
         );
         assert_eq!(
-            run("ArgMin", x(), vec![arg_i("axis", 0), arg_i("keepdims", 0)]).unwrap(),
+            run(
+                "ArgMin",
+                x(),
+                vec![Argument::int("axis", 0), Argument::int("keepdims", 0)]
+            )
+            .unwrap(),
             (vec![3], vec![0, 1, 1])
         );
         let xi = Tensor::from_vec(&[3], vec![4i64, -1, 9]).unwrap();
         assert_eq!(run("ArgMin", xi, vec![]).unwrap(), (vec![1], vec![1]));
-        assert!(run("ArgMax", x(), vec![arg_i("axis", 2)]).is_err());
+        assert!(run("ArgMax", x(), vec![Argument::int("axis", 2)]).is_err());
         let xb = Tensor::from_vec(&[2], vec![true, false]).unwrap();
         assert!(run("ArgMax", xb, vec![]).is_err());
     }

@@ -189,22 +189,6 @@ mod tests {
     use crate::tensor::{DataType, Tensor};
     use crate::workspace::Workspace;
 
-    fn arg_f(name: &str, v: f32) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            f: Some(v),
-            ..Default::default()
-        }
-    }
-
-    fn arg_i(name: &str, v: i64) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            i: Some(v),
-            ..Default::default()
-        }
-    }
-
     #[test]
     fn float_half_round_trip_and_clip() {
         let ws = Workspace::new();
@@ -226,7 +210,7 @@ mod tests {
         assert_eq!(y[0], 1.5);
         assert!((y[1] + 0.1).abs() < 1e-4 && y[1] != -0.1);
         let mut clip = OperatorDef::new("FloatToHalf", ["X"], ["H"]);
-        clip.arg.push(arg_i("clip", 1));
+        clip.arg.push(Argument::int("clip", 1));
         ws.run_operator_once(&clip).unwrap();
         let hs = ws.fetch("H").unwrap().as_slice::<f16>().unwrap().to_vec();
         assert_eq!(hs[2].to_f32(), 65504.0);
@@ -243,7 +227,7 @@ mod tests {
     fn float16_constant_fill() {
         let ws = Workspace::new();
         let mut op = OperatorDef::new("Float16ConstantFill", [] as [&str; 0], ["Y"]);
-        op.arg.push(arg_f("value", 2.5));
+        op.arg.push(Argument::float("value", 2.5));
         op.arg.push(Argument {
             name: Some("shape".into()),
             ints: vec![2, 3],
@@ -278,9 +262,9 @@ mod tests {
 
     fn momentum_op(op_type: &str, nesterov: bool) -> OperatorDef {
         let mut op = OperatorDef::new(op_type, ["g", "m", "lr", "p"], ["g", "m", "p"]);
-        op.arg.push(arg_f("momentum", 0.5));
-        op.arg.push(arg_f("weight_decay", 0.25));
-        op.arg.push(arg_i("nesterov", i64::from(nesterov)));
+        op.arg.push(Argument::float("momentum", 0.5));
+        op.arg.push(Argument::float("weight_decay", 0.25));
+        op.arg.push(Argument::int("nesterov", i64::from(nesterov)));
         op
     }
 

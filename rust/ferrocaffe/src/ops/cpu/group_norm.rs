@@ -258,22 +258,6 @@ mod tests {
     use crate::tensor::Tensor;
     use crate::workspace::Workspace;
 
-    fn arg_i(name: &str, v: i64) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            i: Some(v),
-            ..Default::default()
-        }
-    }
-
-    fn arg_s(name: &str, v: &str) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            s: Some(v.as_bytes().to_vec()),
-            ..Default::default()
-        }
-    }
-
     fn get(ws: &Workspace, n: &str) -> Vec<f32> {
         ws.fetch(n).unwrap().as_slice::<f32>().unwrap().to_vec()
     }
@@ -289,8 +273,8 @@ mod tests {
         ws.feed("g", Tensor::from_vec(&[2], vec![1.0f32, 2.0]).unwrap());
         ws.feed("b", Tensor::from_vec(&[2], vec![0.0f32, 1.0]).unwrap());
         let mut op = OperatorDef::new("GroupNorm", ["X", "g", "b"], ["Y", "mu", "rsig"]);
-        op.arg.push(arg_i("group", 1));
-        op.arg.push(arg_i("is_test", 0));
+        op.arg.push(Argument::int("group", 1));
+        op.arg.push(Argument::int("is_test", 0));
         ws.run_operator_once(&op).unwrap();
         let rs = 1.0 / (1.25f64 + 1e-5).sqrt();
         assert_eq!(get(&ws, "mu"), vec![2.5]);
@@ -307,8 +291,8 @@ mod tests {
         }
         // NHWC with two groups: each channel is its own group.
         let mut op = OperatorDef::new("GroupNorm", ["X", "g", "b"], ["Y"]);
-        op.arg.push(arg_i("group", 2));
-        op.arg.push(arg_s("order", "NHWC"));
+        op.arg.push(Argument::int("group", 2));
+        op.arg.push(Argument::string("order", "NHWC"));
         ws.run_operator_once(&op).unwrap();
         // Channels (last axis): c0 = {1, 3}, c1 = {2, 4}, var 1 each.
         let r = 1.0 / (1.0f64 + 1e-5).sqrt();
@@ -325,17 +309,17 @@ mod tests {
         ws.feed("g", Tensor::from_vec(&[3], vec![1.0f32; 3]).unwrap());
         ws.feed("b", Tensor::from_vec(&[2], vec![1.0f32; 2]).unwrap());
         let mut op = OperatorDef::new("GroupNorm", ["X", "g", "b"], ["Y"]);
-        op.arg.push(arg_i("group", 2));
+        op.arg.push(Argument::int("group", 2));
         let e = ws.run_operator_once(&op).unwrap_err().to_string();
         assert!(e.contains("multiple of group"), "{e}");
-        op.arg[0] = arg_i("group", 3);
+        op.arg[0] = Argument::int("group", 3);
         let e = ws.run_operator_once(&op).unwrap_err().to_string();
         assert!(e.contains("one per channel"), "{e}");
-        op.arg.push(arg_i("is_test", 0));
+        op.arg.push(Argument::int("is_test", 0));
         let e = ws.run_operator_once(&op).unwrap_err().to_string();
         assert!(e.contains("needs 3 outputs"), "{e}");
         let mut op = OperatorDef::new("GroupNorm", ["X", "g", "g"], ["Y"]);
-        op.arg.push(arg_s("order", "CHWN"));
+        op.arg.push(Argument::string("order", "CHWN"));
         assert!(ws.run_operator_once(&op).is_err());
     }
 
@@ -353,14 +337,14 @@ mod tests {
             ws.feed("b", Tensor::from_vec(&[4], beta.clone()).unwrap());
             ws.feed("dY", Tensor::from_vec(&[1, 4, 3], dy.clone()).unwrap());
             let mut op = OperatorDef::new("GroupNorm", ["X", "g", "b"], ["Y", "mu", "rs"]);
-            op.arg.push(arg_i("group", 2));
+            op.arg.push(Argument::int("group", 2));
             ws.run_operator_once(&op).unwrap();
             let mut gop = OperatorDef::new(
                 "GroupNormGradient",
                 ["dY", "X", "g", "b", "mu", "rs"],
                 ["dX", "dg", "db"],
             );
-            gop.arg.push(arg_i("group", 2));
+            gop.arg.push(Argument::int("group", 2));
             ws.run_operator_once(&gop).unwrap();
             (get(&ws, "Y"), get(&ws, "dX"), get(&ws, "dg"))
         };

@@ -105,14 +105,6 @@ mod tests {
     use crate::tensor::Tensor;
     use crate::workspace::Workspace;
 
-    fn arg_f(name: &str, v: f32) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            f: Some(v),
-            ..Default::default()
-        }
-    }
-
     fn lars_ws(x: Vec<f32>, dx: Vec<f32>) -> std::sync::Arc<Workspace> {
         let ws = Workspace::new();
         ws.feed("X", Tensor::from_vec(&[x.len()], x).unwrap());
@@ -139,7 +131,7 @@ mod tests {
         let v = lars(&ws, vec![]).unwrap();
         assert!((v - 2.0 / 2.6).abs() < 1e-6, "{v}");
         // lr_min clips from below, lr_max from above.
-        let v = lars(&ws, vec![arg_f("lr_min", 1.0)]).unwrap();
+        let v = lars(&ws, vec![Argument::float("lr_min", 1.0)]).unwrap();
         assert_eq!(v, 1.0);
         ws.feed("lr_max", Tensor::from_vec(&[1], vec![0.5f32]).unwrap());
         assert_eq!(lars(&ws, vec![]).unwrap(), 0.5);
@@ -154,7 +146,7 @@ mod tests {
         let e = lars(&ws, vec![]).unwrap_err().to_string();
         assert!(e.contains("Gradient size"), "{e}");
         let ws = lars_ws(vec![3.0, 4.0], vec![6.0, 8.0]);
-        let e = lars(&ws, vec![arg_f("offset", -1.0)])
+        let e = lars(&ws, vec![Argument::float("offset", -1.0)])
             .unwrap_err()
             .to_string();
         assert!(e.contains("must not be negative"), "{e}");
@@ -167,7 +159,7 @@ mod tests {
         ws.feed("g", Tensor::from_vec(&[2], vec![3.0f32, 4.0]).unwrap());
         ws.feed("e", Tensor::from_vec(&[2], vec![4.0f32, 3.0]).unwrap());
         let mut op = OperatorDef::new("LearningRateAdaption", ["lr", "g", "e"], ["lr2"]);
-        op.arg.push(arg_f("lr_alpha", 0.5));
+        op.arg.push(Argument::float("lr_alpha", 0.5));
         ws.run_operator_once(&op).unwrap();
         // dot = 24, norms 5 and 5: -0.5 * (1 - 0.5 * 24 / 25).
         let v = ws.fetch("lr2").unwrap().as_slice::<f32>().unwrap()[0];

@@ -426,14 +426,6 @@ mod tests {
         ws.fetch(name).unwrap().as_slice::<f32>().unwrap().to_vec()
     }
 
-    fn arg_i(name: &str, v: i64) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            i: Some(v),
-            ..Default::default()
-        }
-    }
-
     fn weighted_sum_ws() -> std::sync::Arc<Workspace> {
         let ws = Workspace::new();
         ws.feed("dY", Tensor::from_vec(&[2], vec![1.0f32, -2.0]).unwrap());
@@ -465,7 +457,7 @@ mod tests {
             ["dY", "X0", "w0", "X1", "w1"],
             ["dX0", "dX1", "dw0", "dw1"],
         );
-        op.arg.push(arg_i("grad_on_w", 1));
+        op.arg.push(Argument::int("grad_on_w", 1));
         ws.run_operator_once(&op).unwrap();
         assert_eq!(f32s(&ws, "dX1"), vec![2.0, -4.0]);
         // dw_i = <dY, X_i>: 3 - 8 and -1 - 2, each of shape [1].

@@ -157,22 +157,6 @@ mod tests {
     use crate::tensor::Tensor;
     use crate::workspace::Workspace;
 
-    fn arg_i(name: &str, v: i64) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            i: Some(v),
-            ..Default::default()
-        }
-    }
-
-    fn arg_s(name: &str, v: &str) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            s: Some(v.as_bytes().to_vec()),
-            ..Default::default()
-        }
-    }
-
     fn pad(mode: &str, args: Vec<Argument>) -> crate::Result<(Vec<usize>, Vec<f32>)> {
         let ws = Workspace::new();
         // 1 x 1 x 2 x 3: [[1, 2, 3], [4, 5, 6]]
@@ -182,7 +166,7 @@ mod tests {
         );
         let mut op = OperatorDef::new("PadImage", ["X"], ["Y"]);
         op.arg = args;
-        op.arg.push(arg_s("mode", mode));
+        op.arg.push(Argument::string("mode", mode));
         ws.run_operator_once(&op)?;
         let y = ws.fetch("Y")?;
         Ok((y.dims().to_vec(), y.as_slice::<f32>()?.to_vec()))
@@ -193,10 +177,10 @@ mod tests {
         let (d, y) = pad(
             "constant",
             vec![
-                arg_i("pad_t", 1),
-                arg_i("pad_l", 0),
-                arg_i("pad_b", 0),
-                arg_i("pad_r", 1),
+                Argument::int("pad_t", 1),
+                Argument::int("pad_l", 0),
+                Argument::int("pad_b", 0),
+                Argument::int("pad_r", 1),
                 Argument {
                     name: Some("value".into()),
                     f: Some(-1.0),
@@ -210,7 +194,7 @@ mod tests {
             y,
             vec![-1.0, -1.0, -1.0, -1.0, 1.0, 2.0, 3.0, -1.0, 4.0, 5.0, 6.0, -1.0]
         );
-        let (d, y) = pad("reflect", vec![arg_i("pad", 1)]).unwrap();
+        let (d, y) = pad("reflect", vec![Argument::int("pad", 1)]).unwrap();
         assert_eq!(d, vec![1, 1, 4, 5]);
         assert_eq!(
             y,
@@ -221,13 +205,17 @@ mod tests {
                 2.0, 1.0, 2.0, 3.0, 2.0,
             ]
         );
-        let (_, y) = pad("edge", vec![arg_i("pad", 1)]).unwrap();
+        let (_, y) = pad("edge", vec![Argument::int("pad", 1)]).unwrap();
         assert_eq!(&y[..5], &[1.0, 1.0, 2.0, 3.0, 3.0]);
         assert_eq!(&y[15..], &[4.0, 4.0, 5.0, 6.0, 6.0]);
         // Reflecting farther than the image is refused, as are unknown modes and strides.
-        assert!(pad("reflect", vec![arg_i("pad", 2)]).is_err());
-        assert!(pad("wrap", vec![arg_i("pad", 1)]).is_err());
-        assert!(pad("edge", vec![arg_i("pad", 1), arg_i("stride", 2)]).is_err());
+        assert!(pad("reflect", vec![Argument::int("pad", 2)]).is_err());
+        assert!(pad("wrap", vec![Argument::int("pad", 1)]).is_err());
+        assert!(pad(
+            "edge",
+            vec![Argument::int("pad", 1), Argument::int("stride", 2)]
+        )
+        .is_err());
     }
 
     #[test]
@@ -239,12 +227,12 @@ mod tests {
             Tensor::from_vec(&[1, 1, 2, 2], vec![1.0f32, 10.0, 2.0, 20.0]).unwrap(),
         );
         let args = vec![
-            arg_s("order", "NHWC"),
-            arg_i("pad_t", 0),
-            arg_i("pad_l", 1),
-            arg_i("pad_b", 0),
-            arg_i("pad_r", 0),
-            arg_s("mode", "edge"),
+            Argument::string("order", "NHWC"),
+            Argument::int("pad_t", 0),
+            Argument::int("pad_l", 1),
+            Argument::int("pad_b", 0),
+            Argument::int("pad_r", 0),
+            Argument::string("mode", "edge"),
         ];
         let mut op = OperatorDef::new("PadImage", ["X"], ["Y"]);
         op.arg = args.clone();
@@ -278,11 +266,11 @@ mod tests {
         );
         let mut g = OperatorDef::new("PadImageGradient", ["dY"], ["dX"]);
         g.arg = vec![
-            arg_i("pad_t", 0),
-            arg_i("pad_l", 1),
-            arg_i("pad_b", 0),
-            arg_i("pad_r", 1),
-            arg_s("mode", "reflect"),
+            Argument::int("pad_t", 0),
+            Argument::int("pad_l", 1),
+            Argument::int("pad_b", 0),
+            Argument::int("pad_r", 1),
+            Argument::string("mode", "reflect"),
         ];
         ws.run_operator_once(&g).unwrap();
         // Padded positions read x = [1, 0, 1, 2, 1].

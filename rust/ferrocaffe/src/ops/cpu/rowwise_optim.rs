@@ -378,22 +378,6 @@ mod tests {
     use crate::tensor::{Element, Tensor};
     use crate::workspace::Workspace;
 
-    fn arg_f(name: &str, v: f32) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            f: Some(v),
-            ..Default::default()
-        }
-    }
-
-    fn arg_i(name: &str, v: i64) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            i: Some(v),
-            ..Default::default()
-        }
-    }
-
     fn feed<T: Element>(ws: &Workspace, name: &str, dims: &[usize], v: Vec<T>) {
         ws.feed(name, Tensor::from_vec(dims, v).unwrap());
     }
@@ -425,7 +409,7 @@ mod tests {
             ["p", "h", "i", "g", "lr"],
             ["p", "h"],
         );
-        op.arg.push(arg_f("epsilon", 0.0));
+        op.arg.push(Argument::float("epsilon", 0.0));
         ws.run_operator_once(&op).unwrap();
         // h[1] = 1 + (1 + 9) / 2 = 6; step = 0.5 / sqrt(6).
         let s = 0.5 / 6f64.sqrt();
@@ -450,9 +434,9 @@ mod tests {
             ["p", "h", "i", "g", "lr", "c"],
             ["p", "h"],
         );
-        op.arg.push(arg_f("epsilon", 0.0));
-        op.arg.push(arg_f("weight_decay", 0.5));
-        op.arg.push(arg_i("counter_halflife", 4));
+        op.arg.push(Argument::float("epsilon", 0.0));
+        op.arg.push(Argument::float("weight_decay", 0.5));
+        op.arg.push(Argument::int("counter_halflife", 4));
         ws.run_operator_once(&op).unwrap();
         // Row 0: freq = 4 / 2 = 2, g = 1 + 0.5 * 2 * 2 = 3; row 1: counter 0, freq 1,
         // g = 1 + 0.5 * 4 = 3. Both: h = 9, w += 3 / 3.
@@ -564,9 +548,9 @@ mod tests {
             ["p", "m1", "m2", "seen", "i", "g", "lr", "it"],
             ["p", "m1", "m2", "seen"],
         );
-        op.arg.push(arg_f("beta1", 0.5));
-        op.arg.push(arg_f("beta2", 0.5));
-        op.arg.push(arg_f("epsilon", 0.0));
+        op.arg.push(Argument::float("beta1", 0.5));
+        op.arg.push(Argument::float("beta2", 0.5));
+        op.arg.push(Argument::float("epsilon", 0.0));
         ws.run_operator_once(&op).unwrap();
         // t = 10. Row 0: k = 3, m1 = 0.5 * 0.125 + 0.5 = 0.5625, m2 = 0.25 * 0.125 + 0.5
         // = 0.53125, catchup = 0.5 * 0.5 * (1 - 0.25) / 0.5 = 0.375.
@@ -591,7 +575,7 @@ mod tests {
             ["prev", "cnt", "i", "it"],
             ["prev", "cnt"],
         );
-        op.arg.push(arg_i("counter_halflife", 4));
+        op.arg.push(Argument::int("counter_halflife", 4));
         ws.run_operator_once(&op).unwrap();
         // Row 0: delta 8 -> 1 + 0.25 * 1; row 1: delta 2 -> 1 + 2^-0.5 * 2, then again with
         // delta 0 -> 1 + that.
@@ -608,7 +592,7 @@ mod tests {
         ws.run_operator_once(&op).unwrap();
         assert_eq!(get::<f64>(&ws, "cnt"), c);
         // Out-of-range index.
-        op.arg.push(arg_i("counter_halflife", 4));
+        op.arg.push(Argument::int("counter_halflife", 4));
         feed(&ws, "i", &[1], vec![3i32]);
         assert!(ws.run_operator_once(&op).is_err());
     }

@@ -307,22 +307,6 @@ mod tests {
         }
     }
 
-    fn arg_f(name: &str, v: f32) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            f: Some(v),
-            ..Default::default()
-        }
-    }
-
-    fn arg_i(name: &str, v: i64) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            i: Some(v),
-            ..Default::default()
-        }
-    }
-
     fn momentum_ws() -> std::sync::Arc<Workspace> {
         let ws = Workspace::new();
         ws.feed(
@@ -345,8 +329,8 @@ mod tests {
             ["g", "mom", "lr", "param", "idx"],
             ["g_out", "mom", "param"],
         );
-        op.arg.push(arg_f("momentum", 0.9));
-        op.arg.push(arg_i("nesterov", i64::from(nesterov)));
+        op.arg.push(Argument::float("momentum", 0.9));
+        op.arg.push(Argument::int("nesterov", i64::from(nesterov)));
         op
     }
 
@@ -444,10 +428,10 @@ mod tests {
             ["p", "m1", "m2", "idx", "g", "lr", "it"],
             outs.iter().copied(),
         );
-        op.arg.push(arg_f("beta1", 0.5));
-        op.arg.push(arg_f("beta2", 0.75));
-        op.arg.push(arg_f("epsilon", 0.1));
-        op.arg.push(arg_i("enableRAdam", i64::from(radam)));
+        op.arg.push(Argument::float("beta1", 0.5));
+        op.arg.push(Argument::float("beta2", 0.75));
+        op.arg.push(Argument::float("epsilon", 0.1));
+        op.arg.push(Argument::int("enableRAdam", i64::from(radam)));
         op
     }
 
