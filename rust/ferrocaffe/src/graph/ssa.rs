@@ -264,16 +264,9 @@ impl Ssa {
             in_off.push(inputs.len() as u32);
             out_off.push(outputs.len() as u32);
         }
-        Ssa {
-            names,
-            in_off,
-            inputs,
-            out_off,
-            outputs,
-            values,
-            version,
-            order,
-        }
+        Self::from_parts(
+            names, in_off, inputs, out_off, outputs, values, version, order,
+        )
     }
 
     /// Builds an SSA from explicit versioned inputs and outputs, as a Caffe2 `ssa` list may be
