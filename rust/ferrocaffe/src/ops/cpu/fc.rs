@@ -141,20 +141,15 @@ impl Fc {
             }
         }
         {
-            let mut sums = vec![0.0f32; n];
-            for row in dys.chunks(n.max(1)) {
-                for (d, v) in sums.iter_mut().zip(row) {
-                    *d += v;
-                }
-            }
             let db_t = outs.tensor(1)?;
             let beta = self.accumulated(1, db_t, &[n])?;
             let db = db_t.ensure::<f32>(&[n]);
             if beta == 0.0 {
-                db.copy_from_slice(&sums);
-            } else {
-                for (d, s) in db.iter_mut().zip(&sums) {
-                    *d += s;
+                db.fill(0.0);
+            }
+            for row in dys.chunks(n.max(1)) {
+                for (d, v) in db.iter_mut().zip(row) {
+                    *d += v;
                 }
             }
         }
