@@ -20,7 +20,7 @@ import os
 
 from ferrocaffe import _native
 
-__all__ = ["autoload", "backend", "load", "use_cblas"]
+__all__ = ["autoload", "backend", "load", "use_cblas", "use_small_kernels"]
 
 
 def load(path):
@@ -31,6 +31,12 @@ def load(path):
 def use_cblas(enabled):
     """Switches between the loaded CBLAS library (True) and the ``gemm`` crate (False)."""
     _native.blas_set_enabled(bool(enabled))
+
+
+def use_small_kernels(enabled):
+    """Turns ferrocaffe's own kernels for products with one small dimension (RNN steps, batch
+    weight gradients; AVX-512 CPUs only) on or off; they are on by default."""
+    _native.blas_set_small_kernels(bool(enabled))
 
 
 def backend():

@@ -16,6 +16,12 @@ fn blas_set_enabled(enabled: bool) {
     ferrocaffe::blas::set_cblas_enabled(enabled);
 }
 
+/// Turns the small-dimension AVX-512 kernels on or off.
+#[pyfunction]
+fn blas_set_small_kernels(enabled: bool) {
+    ferrocaffe::blas::set_small_kernels_enabled(enabled);
+}
+
 /// `"cblas:<path>"` or `"gemm"`.
 #[pyfunction]
 fn blas_backend() -> String {
@@ -26,5 +32,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(blas_load, m)?)?;
     m.add_function(wrap_pyfunction!(blas_set_enabled, m)?)?;
     m.add_function(wrap_pyfunction!(blas_backend, m)?)?;
+    m.add_function(wrap_pyfunction!(blas_set_small_kernels, m)?)?;
     Ok(())
 }

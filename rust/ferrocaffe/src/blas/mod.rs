@@ -10,6 +10,11 @@
 //!
 //! Loading is explicit and happens once per process; [`set_cblas_enabled`] switches between
 //! the backends afterwards (tests compare them), and [`backend`] names the one in use.
+//!
+//! In front of both, products with one small dimension (an RNN step's batch: `m <= 64` of
+//! `A B` and `A B^T`, `k <= 64` of `A^T B`) run on this crate's own AVX-512 kernels where
+//! the CPU has them ([`small`]): they read the large operand in place instead of packing it
+//! on every call. [`set_small_kernels_enabled`] turns them off (benchmarks compare).
 
 use std::ffi::c_int;
 use std::path::Path;
@@ -17,6 +22,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
+
+mod pair;
+#[cfg(target_arch = "x86_64")]
+mod small;
 
 /// `cblas_sgemm`'s C signature (row/column order, transposes, sizes, leading dimensions),
 /// generic over the integer width: `c_int` for LP64 builds, `i64` for ILP64 builds (the
@@ -64,6 +73,26 @@ struct Cblas {
 
 static CBLAS: OnceLock<Cblas> = OnceLock::new();
 static CBLAS_ENABLED: AtomicBool = AtomicBool::new(true);
+static SMALL_ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Turns the small-dimension kernels on or off (on by default; they only run on CPUs with
+/// AVX-512).
+pub fn set_small_kernels_enabled(enabled: bool) {
+    SMALL_ENABLED.store(enabled, Ordering::Relaxed);
+}
+
+/// Whether `sgemm` would run this product on the small-dimension kernels.
+fn small_applies(trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        SMALL_ENABLED.load(Ordering::Relaxed) && small::applies(trans_a, trans_b, m, n, k)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (trans_a, trans_b, m, n, k);
+        false
+    }
+}
 
 /// Loads a CBLAS shared library and uses its `sgemm` from now on. Loading the library that
 /// is already loaded is a no-op; a second, different library is an error (a process keeps
@@ -161,6 +190,11 @@ pub fn sgemm(
     if m == 0 || n == 0 {
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if small_applies(trans_a, trans_b, m, n, k) {
+        small::sgemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+        return;
+    }
     if let Some(cblas) = active_cblas() {
         let t = |x| if x { CBLAS_TRANS } else { CBLAS_NO_TRANS };
         let (ta, tb) = (t(trans_a), t(trans_b));
@@ -228,6 +262,11 @@ pub fn sgemm(
     gemm_crate(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
 }
 
+/// The `gemm` crate, single-threaded per call; products of at least [`SPLIT_MNK`] multiply-adds
+/// are cut in two halves of `C` (rows or columns, whichever is longer) run on this thread and
+/// the GEMM helper thread ([`pair`]). (The crate's own rayon parallelism costs more in
+/// hand-offs at these sizes, and rayon workers waiting for subtasks could run other queued
+/// ops that block on a blob lock held further up the same stack.)
 #[allow(clippy::too_many_arguments)]
 fn gemm_crate(
     trans_a: bool,
@@ -251,38 +290,100 @@ fn gemm_crate(
     } else {
         (n as isize, 1)
     };
-    // Parallel only when called from outside a worker pool: a pool thread waiting for its
-    // GEMM's subtasks may run other queued ops, which could block on a blob lock that the
-    // waiting op holds further up the same stack.
-    let par = if m * n * k >= 1 << 18 && rayon::current_thread_index().is_none() {
-        gemm::Parallelism::Rayon(0)
-    } else {
-        gemm::Parallelism::None
+    let whole = CrateGemm {
+        k,
+        alpha,
+        beta,
+        a: (a.as_ptr(), rsa, csa),
+        b: (b.as_ptr(), rsb, csb),
+        c: c.as_mut_ptr(),
+        ldc: n,
     };
-    // SAFETY: strides describe matrices within the asserted lengths; gemm computes
-    // dst = beta_dst * dst + alpha * lhs * rhs with (alpha, beta) named (alpha, beta) below.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            n as isize,
-            beta != 0.0,
-            a.as_ptr(),
-            csa,
-            rsa,
-            b.as_ptr(),
-            csb,
-            rsb,
-            beta,
-            alpha,
-            false,
-            false,
-            false,
-            par,
-        )
+    if m * n * k < SPLIT_MNK || (m < 16 && n < 16) {
+        // SAFETY: the whole product, within the asserted lengths.
+        unsafe { whole.run(0..m, 0..n) };
+        return;
+    }
+    if m >= n {
+        let mid = (m / 2).div_ceil(8) * 8;
+        // SAFETY: the two halves write disjoint rows of C.
+        pair::run_split(&|part| unsafe {
+            if part == 0 {
+                whole.run(0..mid, 0..n)
+            } else {
+                whole.run(mid..m, 0..n)
+            }
+        });
+    } else {
+        let mid = (n / 2).div_ceil(16) * 16;
+        // SAFETY: the two halves write disjoint columns of C.
+        pair::run_split(&|part| unsafe {
+            if part == 0 {
+                whole.run(0..m, 0..mid)
+            } else {
+                whole.run(0..m, mid..n)
+            }
+        });
+    }
+}
+
+/// Products of at least this many multiply-adds are split between two threads.
+const SPLIT_MNK: usize = 1 << 18;
+
+/// A row-major product `C (m x n, row stride ldc) = alpha op(A) op(B) + beta C`, with each
+/// operand as (pointer, row stride, column stride) of its `op()` view.
+struct CrateGemm {
+    k: usize,
+    alpha: f32,
+    beta: f32,
+    a: (*const f32, isize, isize),
+    b: (*const f32, isize, isize),
+    c: *mut f32,
+    ldc: usize,
+}
+
+// SAFETY: shared by the two halves of a split product, which read A and B and write
+// disjoint blocks of C.
+unsafe impl Sync for CrateGemm {}
+
+impl CrateGemm {
+    /// Rows `rows` and columns `cols` of C.
+    ///
+    /// # Safety
+    /// The block lies within the matrices, and no other thread writes it meanwhile.
+    unsafe fn run(&self, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>) {
+        let (m, n) = (rows.len(), cols.len());
+        if m == 0 || n == 0 {
+            return;
+        }
+        let (pa, rsa, csa) = self.a;
+        let (pb, rsb, csb) = self.b;
+        // SAFETY: offsets of the block's first row / column inside the caller's matrices;
+        // gemm computes dst = beta_dst * dst + alpha * lhs * rhs with (alpha, beta) named
+        // (beta, alpha) here, as Caffe2 and BLAS name them.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                self.k,
+                self.c.add(rows.start * self.ldc + cols.start),
+                1,
+                self.ldc as isize,
+                self.beta != 0.0,
+                pa.offset(rows.start as isize * rsa),
+                csa,
+                rsa,
+                pb.offset(cols.start as isize * csb),
+                csb,
+                rsb,
+                self.beta,
+                self.alpha,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            )
+        }
     }
 }
 

@@ -1,0 +1,497 @@
+//! Products with one small dimension, on AVX-512 and without packing the large operand.
+//!
+//! An RNN step multiplies a batch of a few dozen rows by a large weight: `Y = X W^T`
+//! (`32 x 256` by `1024 x 256`), `dX = dY W` and `dW += dY^T X` (summed over the batch).
+//! General BLAS kernels copy ("pack") both operands into their own layout on every call,
+//! which for these shapes means a pass over the whole 1 MB weight per product: a fifth of
+//! OpenBLAS's time in an LSTM. Here the large operand is read where it lies:
+//!
+//! - every product is computed as `P * Q` tiles: `R` rows of `P` broadcast one element at a
+//!   time (any strides) against `V` 16-lane vectors of a row of `Q` (contiguous), `R x V`
+//!   accumulators in registers over the whole inner dimension;
+//! - `C = A B` and `C = A^T B` take `P = op(A)`, `Q = B` as they are;
+//! - `C = A B^T` is computed as `C^T = B A^T`: `P = B` (the weight, rows read in place) and
+//!   `Q = A^T`, the small operand, transposed into a scratch buffer; tiles are stored
+//!   transposed (scatter).
+//!
+//! Products above a megaflop are split in two halves (disjoint parts of `C`) between the
+//! caller and a helper thread ([`super::pair`]), along the dimension that splits the large
+//! operand. Each element of `C` is summed in the same order however the work is split, so
+//! results do not depend on the thread count.
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use super::pair::run_split;
+
+/// The largest "small" dimension: `m` of `A B` and `A B^T`, `k` of `A^T B`.
+const SMALL: usize = 64;
+/// Products of at least this many flops are split between two threads.
+const SPLIT_FLOPS: usize = 1 << 20;
+
+fn has_avx512() -> bool {
+    static YES: OnceLock<bool> = OnceLock::new();
+    *YES.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
+}
+
+/// Whether [`sgemm`] takes `op(A) (m x k) * op(B) (k x n)` (row-major, tight).
+pub(super) fn applies(trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize) -> bool {
+    if m == 0 || n == 0 || k == 0 || !has_avx512() {
+        return false;
+    }
+    // Scatter offsets are 32-bit: `C^T` tiles index up to `SMALL` rows of `n` columns.
+    let offsets_fit = n.saturating_mul(SMALL) < i32::MAX as usize;
+    match (trans_a, trans_b) {
+        (false, false) => m <= SMALL && n >= 16,
+        (false, true) => m <= SMALL && k >= 16 && offsets_fit,
+        (true, false) => k <= SMALL && n >= 16,
+        (true, true) => false,
+    }
+}
+
+/// `C = alpha * op(A) op(B) + beta * C` for the shapes [`applies`] accepts (row-major, tight
+/// leading dimensions; `beta == 0` overwrites `C`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn sgemm(
+    trans_a: bool,
+    trans_b: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+) {
+    debug_assert!(applies(trans_a, trans_b, m, n, k));
+    debug_assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
+    let scalars = (alpha, beta);
+    let c = c.as_mut_ptr();
+    if trans_b {
+        // C^T = B A^T: P = B (n x k, in place), Q = A^T (k x m, packed), tiles transposed.
+        PACK.with(|pack| {
+            let mut pack = pack.borrow_mut();
+            transpose_into(&a[..m * k], m, k, &mut pack);
+            let p = Problem {
+                p: Strided::new(b.as_ptr(), k, 1),
+                rows: n,
+                q: pack.as_ptr(),
+                cols: m,
+                k,
+                scalars,
+                c: Strided::new(c.cast_const(), 1, n),
+            };
+            p.run();
+        });
+        return;
+    }
+    let p = if trans_a {
+        Strided::new(a.as_ptr(), 1, m)
+    } else {
+        Strided::new(a.as_ptr(), k, 1)
+    };
+    Problem {
+        p,
+        rows: m,
+        q: b.as_ptr(),
+        cols: n,
+        k,
+        scalars,
+        c: Strided::new(c.cast_const(), n, 1),
+    }
+    .run();
+}
+
+thread_local! {
+    /// The transposed small operand of `A B^T` products (kept: no allocation per step).
+    static PACK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `dst (k x m) = src (m x k)^T`.
+fn transpose_into(src: &[f32], m: usize, k: usize, dst: &mut Vec<f32>) {
+    dst.clear();
+    dst.resize(m * k, 0.0);
+    const B: usize = 16;
+    for i0 in (0..m).step_by(B) {
+        for p0 in (0..k).step_by(B) {
+            for i in i0..(i0 + B).min(m) {
+                let row = &src[i * k..(i + 1) * k];
+                for p in p0..(p0 + B).min(k) {
+                    dst[p * m + i] = row[p];
+                }
+            }
+        }
+    }
+}
+
+/// A matrix seen through element strides: element `(r, p)` at `ptr[r * rs + p * cs]`.
+#[derive(Clone, Copy)]
+struct Strided {
+    ptr: *const f32,
+    rs: usize,
+    cs: usize,
+}
+
+impl Strided {
+    fn new(ptr: *const f32, rs: usize, cs: usize) -> Self {
+        Strided { ptr, rs, cs }
+    }
+
+    /// The view starting at element `(r, c)`.
+    fn at(self, r: usize, c: usize) -> Self {
+        // wrapping_add: the offset is in bounds for every element a tile touches; the
+        // pointer itself is only dereferenced there.
+        Strided {
+            ptr: self.ptr.wrapping_add(r * self.rs + c * self.cs),
+            ..self
+        }
+    }
+}
+
+/// `C (rows x cols) = alpha * P (rows x k) Q (k x cols, row-major, tight) + beta * C`.
+struct Problem {
+    p: Strided,
+    rows: usize,
+    q: *const f32,
+    cols: usize,
+    k: usize,
+    scalars: (f32, f32),
+    /// Output element `(r, c)` (stored through `ptr` cast to mutable).
+    c: Strided,
+}
+
+// SAFETY: the two threads that share a `Problem` write disjoint rows or columns of `C` and
+// only read `P` and `Q`, which outlive the call.
+unsafe impl Sync for Problem {}
+
+impl Problem {
+    fn run(&self) {
+        if 2 * self.rows * self.cols * self.k < SPLIT_FLOPS {
+            self.block(0, self.rows, 0, self.cols);
+            return;
+        }
+        // Split the larger operand: P's rows or Q's columns.
+        if self.cols * self.k >= self.rows * self.k && self.cols >= 32 {
+            let mid = (self.cols / 2).div_ceil(16) * 16;
+            run_split(&|part| {
+                if part == 0 {
+                    self.block(0, self.rows, 0, mid)
+                } else {
+                    self.block(0, self.rows, mid, self.cols)
+                }
+            });
+        } else {
+            let mid = (self.rows / 2).div_ceil(12) * 12;
+            let mid = mid.min(self.rows);
+            run_split(&|part| {
+                if part == 0 {
+                    self.block(0, mid, 0, self.cols)
+                } else {
+                    self.block(mid, self.rows, 0, self.cols)
+                }
+            });
+        }
+    }
+
+    /// Rows `r0..r1` and columns `c0..c1` of `C`.
+    fn block(&self, r0: usize, r1: usize, c0: usize, c1: usize) {
+        let mut c = c0;
+        while c < c1 {
+            let left = c1 - c;
+            // Column blocks of 48 (3 vectors); 64 at once when that is all there is.
+            let width = if left == 64 { 64 } else { left.min(48) };
+            let v = width.div_ceil(16);
+            let mr = [12, 12, 8, 6][v - 1];
+            let mut r = r0;
+            while r < r1 {
+                let rows = mr.min(r1 - r);
+                let t = Tile {
+                    p: self.p.at(r, 0),
+                    q: self.q.wrapping_add(c),
+                    qld: self.cols,
+                    cols: width,
+                    k: self.k,
+                    scalars: self.scalars,
+                    c: self.c.at(r, c),
+                };
+                // SAFETY: AVX-512F is present (`applies`); the tile's rows, columns and
+                // inner dimension lie within the matrices the caller checked.
+                unsafe { dispatch(rows, v, &t) };
+                r += rows;
+            }
+            c += width;
+        }
+    }
+}
+
+/// One tile: `rows x cols` of `C` from `rows` rows of `P` and `cols` columns of `Q`.
+struct Tile {
+    p: Strided,
+    q: *const f32,
+    qld: usize,
+    cols: usize,
+    k: usize,
+    scalars: (f32, f32),
+    c: Strided,
+}
+
+macro_rules! by_rows {
+    ($rows:expr, $v:literal, $t:expr, [$($r:literal)*]) => {
+        match $rows {
+            $($r => tile::<$r, $v>($t),)*
+            _ => tile_scalar($rows, $t),
+        }
+    };
+}
+
+/// Runs the kernel instantiated for `rows` rows and `v` vectors.
+///
+/// # Safety
+/// AVX-512F is available and the tile is in bounds.
+unsafe fn dispatch(rows: usize, v: usize, t: &Tile) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match v {
+            1 => by_rows!(rows, 1, t, [1 2 3 4 5 6 7 8 9 10 11 12]),
+            2 => by_rows!(rows, 2, t, [1 2 3 4 5 6 7 8 9 10 11 12]),
+            3 => by_rows!(rows, 3, t, [1 2 3 4 5 6 7 8]),
+            4 => by_rows!(rows, 4, t, [1 2 3 4 5 6]),
+            _ => tile_scalar(rows, t),
+        }
+    }
+}
+
+/// Lanes `0..n` (at most 16) set.
+fn lanes(n: usize) -> __mmask16 {
+    if n >= 16 {
+        0xFFFF
+    } else {
+        ((1u32 << n) - 1) as __mmask16
+    }
+}
+
+/// The `R x (16 V)` kernel (columns past `t.cols` masked off).
+///
+/// # Safety
+/// AVX-512F is available; `R` rows of `P`, `t.cols` columns of `Q` and the matching part of
+/// `C` are in bounds for the inner dimension `t.k`.
+#[target_feature(enable = "avx512f")]
+unsafe fn tile<const R: usize, const V: usize>(t: &Tile) {
+    let masks: [__mmask16; V] = std::array::from_fn(|v| lanes(t.cols.saturating_sub(16 * v)));
+    let mut acc = [[_mm512_setzero_ps(); V]; R];
+    // SAFETY (loads): in bounds by the caller's contract; masked-off lanes are not read.
+    unsafe {
+        for kk in 0..t.k {
+            let qrow = t.q.add(kk * t.qld);
+            let mut b = [_mm512_setzero_ps(); V];
+            for v in 0..V {
+                b[v] = _mm512_maskz_loadu_ps(masks[v], qrow.add(16 * v));
+            }
+            let prow = t.p.ptr.add(kk * t.p.cs);
+            for r in 0..R {
+                let a = _mm512_set1_ps(*prow.add(r * t.p.rs));
+                for v in 0..V {
+                    acc[r][v] = _mm512_fmadd_ps(a, b[v], acc[r][v]);
+                }
+            }
+        }
+    }
+    let (alpha, beta) = t.scalars;
+    let (alpha_v, beta_v) = (_mm512_set1_ps(alpha), _mm512_set1_ps(beta));
+    let out = t.c.ptr.cast_mut();
+    // SAFETY (stores): the tile's part of C is in bounds; masked-off lanes are not touched.
+    unsafe {
+        if t.c.cs == 1 {
+            for r in 0..R {
+                for v in 0..V {
+                    let dst = out.add(r * t.c.rs + 16 * v);
+                    let mut val = _mm512_mul_ps(alpha_v, acc[r][v]);
+                    if beta != 0.0 {
+                        let old = _mm512_maskz_loadu_ps(masks[v], dst);
+                        val = _mm512_fmadd_ps(beta_v, old, val);
+                    }
+                    _mm512_mask_storeu_ps(dst, masks[v], val);
+                }
+            }
+        } else {
+            // Transposed store: tile column j goes to C's row j, R contiguous floats. The
+            // tile goes through a buffer on the stack (scattering it straight into C would
+            // hit one cache line per element, 4 KB apart: several times slower).
+            let mut buf = [[_mm512_setzero_ps(); V]; R];
+            for r in 0..R {
+                for v in 0..V {
+                    buf[r][v] = _mm512_mul_ps(alpha_v, acc[r][v]);
+                }
+            }
+            debug_assert_eq!(t.c.rs, 1);
+            let base = buf.as_ptr().cast::<f32>();
+            let row_mask = lanes(R);
+            // Lane r reads element (r, j) of the buffer: offset r * 16 V + j.
+            let offsets = _mm512_mullo_epi32(
+                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                _mm512_set1_epi32(16 * V as i32),
+            );
+            for j in 0..t.cols {
+                let mut val = _mm512_mask_i32gather_ps::<4>(
+                    _mm512_setzero_ps(),
+                    row_mask,
+                    offsets,
+                    base.add(j),
+                );
+                let dst = out.add(j * t.c.cs);
+                if beta != 0.0 {
+                    let old = _mm512_maskz_loadu_ps(row_mask, dst);
+                    val = _mm512_fmadd_ps(beta_v, old, val);
+                }
+                _mm512_mask_storeu_ps(dst, row_mask, val);
+            }
+        }
+    }
+}
+
+/// Any tile, one element at a time (for tile shapes that have no instantiation).
+///
+/// # Safety
+/// As [`tile`], without the AVX-512 requirement.
+unsafe fn tile_scalar(rows: usize, t: &Tile) {
+    let (alpha, beta) = t.scalars;
+    for r in 0..rows {
+        for j in 0..t.cols {
+            // SAFETY: in bounds by the caller's contract.
+            unsafe {
+                let mut s = 0.0f32;
+                for kk in 0..t.k {
+                    let pv = *t.p.ptr.add(r * t.p.rs + kk * t.p.cs);
+                    s = pv.mul_add(*t.q.add(kk * t.qld + j), s);
+                }
+                let dst = t.c.ptr.cast_mut().add(r * t.c.rs + j * t.c.cs);
+                *dst = if beta != 0.0 {
+                    beta.mul_add(*dst, alpha * s)
+                } else {
+                    alpha * s
+                };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(ta: bool, tb: bool, m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f64> {
+        let mut c = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = 0.0f64;
+                for p in 0..k {
+                    let av = if ta { a[p * m + i] } else { a[i * k + p] };
+                    let bv = if tb { b[j * k + p] } else { b[p * n + j] };
+                    s += av as f64 * bv as f64;
+                }
+                c[i * n + j] = s;
+            }
+        }
+        c
+    }
+
+    fn data(len: usize, seed: f32) -> Vec<f32> {
+        (0..len).map(|i| ((i as f32 + seed) * 0.618).sin()).collect()
+    }
+
+    fn check(ta: bool, tb: bool, m: usize, n: usize, k: usize) {
+        if !applies(ta, tb, m, n, k) {
+            return;
+        }
+        let a = data(m * k, 1.0);
+        let b = data(k * n, 2.0);
+        let want = naive(ta, tb, m, n, k, &a, &b);
+        let tol = 1e-4 * (k as f64).sqrt();
+        // beta = 0 overwrites (NaN included); beta = 1 and 0.5 accumulate; alpha scales.
+        let mut c = vec![f32::NAN; m * n];
+        sgemm(ta, tb, m, n, k, 1.0, &a, &b, 0.0, &mut c);
+        for (i, (x, y)) in c.iter().zip(&want).enumerate() {
+            assert!((*x as f64 - y).abs() < tol, "{ta}{tb} {m}x{n}x{k} [{i}]: {x} vs {y}");
+        }
+        sgemm(ta, tb, m, n, k, 2.0, &a, &b, 0.5, &mut c);
+        for (x, y) in c.iter().zip(&want) {
+            assert!((*x as f64 - 2.5 * y).abs() < 3.0 * tol, "{x} vs {}", 2.5 * y);
+        }
+    }
+
+    #[test]
+    fn every_layout_and_tail_matches_a_float64_reference() {
+        for &(m, n, k) in &[
+            (1, 16, 16),
+            (3, 17, 19),
+            (7, 47, 5),
+            (12, 48, 64),
+            (13, 50, 33),
+            (32, 64, 40),
+            (33, 130, 29),
+            (64, 100, 64),
+        ] {
+            check(false, false, m, n, k);
+            check(false, true, m, n, k);
+            check(true, false, m, n, k);
+            check(true, false, n, n + 3, m.min(64));
+        }
+    }
+
+    #[test]
+    fn split_products_match_and_do_not_depend_on_the_split() {
+        // Above SPLIT_FLOPS: the LSTM step shapes, run split and unsplit.
+        for &(ta, tb, m, n, k) in &[
+            (false, true, 32, 1024, 256),
+            (false, false, 32, 256, 1024),
+            (true, false, 1024, 256, 32),
+            (false, true, 20, 1000, 130),
+        ] {
+            check(ta, tb, m, n, k);
+            if !applies(ta, tb, m, n, k) {
+                continue;
+            }
+            let a = data(m * k, 3.0);
+            let b = data(k * n, 4.0);
+            let mut split = vec![0.0; m * n];
+            sgemm(ta, tb, m, n, k, 1.0, &a, &b, 0.0, &mut split);
+            // The same tiles in one block on this thread.
+            let mut whole = vec![0.0; m * n];
+            let (p, rows, q, cols, c) = if tb {
+                let mut pack = Vec::new();
+                transpose_into(&a, m, k, &mut pack);
+                let c = Strided::new(whole.as_mut_ptr().cast_const(), 1, n);
+                (Strided::new(b.as_ptr(), k, 1), n, pack, m, c)
+            } else {
+                let p = if ta {
+                    Strided::new(a.as_ptr(), 1, m)
+                } else {
+                    Strided::new(a.as_ptr(), k, 1)
+                };
+                let c = Strided::new(whole.as_mut_ptr().cast_const(), n, 1);
+                (p, m, b.clone(), n, c)
+            };
+            let prob = Problem {
+                p,
+                rows,
+                q: q.as_ptr(),
+                cols,
+                k,
+                scalars: (1.0, 0.0),
+                c,
+            };
+            prob.block(0, rows, 0, cols);
+            assert_eq!(split, whole, "{ta}{tb} {m}x{n}x{k}");
+        }
+    }
+
+    #[test]
+    fn shapes_outside_the_kernels_are_refused() {
+        assert!(!applies(true, true, 8, 8, 8));
+        assert!(!applies(false, false, 65, 100, 100));
+        assert!(!applies(true, false, 100, 100, 65));
+        assert!(!applies(false, false, 8, 0, 8));
+    }
+}
