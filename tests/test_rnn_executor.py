@@ -311,7 +311,7 @@ def test_buffers_reused_across_runs_of_other_lengths_give_fresh_results(enabled)
         fresh.append({b: workspace.FetchBlob(b).copy() for b in blobs})
     workspace.ResetWorkspace()
     model, states, blobs = build_and_init()
-    for (t_len, lengths), expected in zip(cases, fresh):
+    for (t_len, lengths), expected in zip(cases, fresh, strict=True):
         _feed_len(model, states, t_len, lengths)
         workspace.RunNet(model.net.Proto().name)
         got = {b: workspace.FetchBlob(b) for b in blobs}

@@ -502,8 +502,8 @@ mod tests {
         ));
         for l in [link("dx", "x_grad", 1, 1), link("dx", "x_grad", 0, 2)] {
             assert!(!steps_overwrite(
-                &net(vec![unit()], &[l.clone()]),
-                &[l],
+                &net(vec![unit()], std::slice::from_ref(&l)),
+                std::slice::from_ref(&l),
                 "x_grad"
             ));
         }

@@ -517,7 +517,9 @@ mod tests {
         x[3] = 1e8;
         x[19] = -1e8;
         assert_eq!(lane_sum(&x), 38.0);
-        let many: Vec<f32> = (0..100_003).map(|i| ((i * 7919) % 1000) as f32 * 1e-3).collect();
+        let many: Vec<f32> = (0..100_003)
+            .map(|i| ((i * 7919) % 1000) as f32 * 1e-3)
+            .collect();
         let exact: f64 = many.iter().map(|&v| v as f64).sum();
         assert!((lane_sum(&many) as f64 - exact).abs() < 1e-6 * exact);
     }
