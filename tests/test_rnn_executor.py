@@ -277,3 +277,43 @@ def test_link_window_and_multi_row_initial_state():
         workspace.FeedBlob("h0", np.array([[[1.0]], [[1.0]]], np.float32))
         workspace.RunOperatorOnce(op)
         np.testing.assert_array_equal(workspace.FetchBlob("h_all").ravel(), [2, 3, 5, 8, 13, 21])
+
+
+def _feed_len(model, states, t_len, lengths):
+    rng = np.random.default_rng(t_len)
+    workspace.FeedBlob("input", rng.standard_normal((t_len, N, D)).astype(np.float32))
+    workspace.FeedBlob("seq_lengths", np.array(lengths, np.int32))
+    for s in states:
+        workspace.FeedBlob(s, (rng.standard_normal((1, N, H)) * 0.4).astype(np.float32))
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_buffers_reused_across_runs_of_other_lengths_give_fresh_results(enabled):
+    """The op keeps its buffers (state and gradient buffers, the sequence gradient, which the
+    steps overwrite without a zero fill) from run to run: runs of 7, 4 and 7 timesteps in one
+    workspace equal runs in fresh workspaces bit for bit."""
+    cases = [(T, [T, T - 3, 2]), (4, [4, 1, 3]), (T, [2, T, T - 1])]
+
+    def build_and_init():
+        core.Net._net_names_used = set()
+        model, states, blobs = _lstm(1)
+        _feed(model, states)
+        _configure(model.net.Proto(), enabled)
+        workspace.CreateNet(model.net, overwrite=True)
+        return model, states, blobs
+
+    fresh = []
+    for t_len, lengths in cases:
+        workspace.ResetWorkspace()
+        model, states, blobs = build_and_init()
+        _feed_len(model, states, t_len, lengths)
+        workspace.RunNet(model.net.Proto().name)
+        fresh.append({b: workspace.FetchBlob(b).copy() for b in blobs})
+    workspace.ResetWorkspace()
+    model, states, blobs = build_and_init()
+    for (t_len, lengths), expected in zip(cases, fresh, strict=True):
+        _feed_len(model, states, t_len, lengths)
+        workspace.RunNet(model.net.Proto().name)
+        got = {b: workspace.FetchBlob(b) for b in blobs}
+        assert got["input_grad"].shape == (t_len, N, D)
+        _assert_identical(expected, got, f"T={t_len}")

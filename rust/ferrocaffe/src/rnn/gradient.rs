@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::ops::cpu::fc;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::proto::{Argument, NetDef, OperatorDef};
-use crate::tensor::Tensor;
+use crate::tensor::{DataType, Tensor};
 use crate::workspace::{Blob, BlobHandle, Workspace};
 
 struct Param {
@@ -50,6 +50,9 @@ struct RecurrentNetworkGradient {
     recurrent_ids: Vec<usize>,
     num_grad_inputs: usize,
     seq_grad: String,
+    /// Whether the sequence gradient is zeroed before the steps (not when every step fully
+    /// writes its row: see [`steps_overwrite`]).
+    zero_seq_grad: bool,
     executor: Option<RnnExecutor>,
     /// Per timestep: (forward step workspace, the backward workspace made as its child).
     bwd: Vec<Option<(Arc<Workspace>, Arc<Workspace>)>>,
@@ -228,6 +231,7 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         .get(ng)
         .ok_or_else(|| init.err("the forward input sequence is missing from the inputs"))?;
     let seq_grad = config::remapped(init, &format!("{seq_input}_grad"))?;
+    let zero_seq_grad = !steps_overwrite(&step_net, &links, &seq_grad);
     let executor = executor_for(init, &step_net, &timestep)?;
     Ok(Box::new(RecurrentNetworkGradient {
         step_net,
@@ -237,6 +241,7 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         recurrent_ids,
         num_grad_inputs: ng,
         seq_grad,
+        zero_seq_grad,
         executor,
         bwd: Vec::new(),
     }))
@@ -277,6 +282,37 @@ fn accumulate_in_place(step_net: &mut NetDef, grad: &str) -> bool {
     true
 }
 
+/// Whether the steps fully overwrite the sequence gradient `seq_grad`, so that it needs no
+/// zeroing: one backward link makes row `t` of it (offset 0, window 1: the T steps cover every
+/// row) the step blob `X`, and the first step op (link ops aside) that touches `X` or
+/// `seq_grad` writes `X` without reading it and without adding into it (an `FCGradient` told
+/// to accumulate). Ops produce every element of an output they do not read, so the row is then
+/// fully written before anything reads it.
+fn steps_overwrite(step_net: &NetDef, links: &[config::Link], seq_grad: &str) -> bool {
+    let mut linked = links.iter().filter(|l| l.external == seq_grad);
+    let (Some(link), None) = (linked.next(), linked.next()) else {
+        return false;
+    };
+    if link.offset != 0 || link.window != 1 {
+        return false;
+    }
+    let x = link.internal.as_str();
+    for op in &step_net.op {
+        if op.r#type() == super::analysis::APPLY_LINK {
+            continue;
+        }
+        if op.input.iter().any(|b| b == x || b == seq_grad)
+            || op.output.iter().any(|b| b == seq_grad)
+        {
+            return false;
+        }
+        if op.output.iter().any(|b| b == x) {
+            return !op.arg.iter().any(|a| a.name() == fc::ACCUMULATE_ARG);
+        }
+    }
+    false
+}
+
 fn read_tensor(h: &BlobHandle, name: &str) -> Result<Tensor> {
     match &*h.read() {
         Blob::Tensor(t) => Ok(t.clone()),
@@ -287,37 +323,48 @@ fn read_tensor(h: &BlobHandle, name: &str) -> Result<Tensor> {
     }
 }
 
-/// Sizes the tensor in `h` like `like` (dtype and shape) and returns it locked for writing.
-fn shaped_like(h: &BlobHandle, like: &Tensor, zero: bool) {
+/// The dtype and shape of the tensor in `h` (without keeping a copy-on-write reference to its
+/// buffer: one held during the steps would make the first write through a link copy it).
+fn meta_of(h: &BlobHandle, name: &str) -> Result<(DataType, Vec<usize>)> {
+    match &*h.read() {
+        Blob::Tensor(t) => Ok((t.dtype(), t.dims().to_vec())),
+        other => Err(Error::Runtime(format!(
+            "blob {name} holds {}, expected a tensor",
+            other.type_name()
+        ))),
+    }
+}
+
+/// Sizes the tensor in `h` to `dtype` and `dims`, zero-filled when `zero`.
+fn shaped_like(h: &BlobHandle, (dtype, dims): &(DataType, Vec<usize>), zero: bool) {
     let mut b = h.write();
     let g = b.tensor_mut();
-    g.reset(like.dtype(), like.dims());
+    g.reset(*dtype, dims);
     if zero {
         g.bytes_mut().fill(0);
     }
 }
 
 impl RecurrentNetworkGradient {
-    fn prepare(&self, ws: &Arc<Workspace>, seq_input: &Tensor) -> Result<()> {
+    fn prepare(&self, ws: &Arc<Workspace>, seq_input: &(DataType, Vec<usize>)) -> Result<()> {
         for p in &self.params {
-            let value = read_tensor(&ws.blob(&p.param)?, &p.param)?;
+            let value = meta_of(&ws.blob(&p.param)?, &p.param)?;
             shaped_like(&ws.blob(&p.grad)?, &value, true);
         }
         for rg in &self.rgs {
-            let state = read_tensor(&ws.blob(&rg.state)?, &rg.state)?;
-            if state.ndim() != 3 {
+            let (dtype, dims) = meta_of(&ws.blob(&rg.state)?, &rg.state)?;
+            if dims.len() != 3 {
                 return Err(Error::Runtime(format!(
-                    "recurrent state {} must be 3-dimensional, got {:?}",
-                    rg.state,
-                    state.dims()
+                    "recurrent state {} must be 3-dimensional, got {dims:?}",
+                    rg.state
                 )));
             }
             let h = ws.create_blob(&rg.grad);
             let mut b = h.write();
             let g = b.tensor_mut();
-            g.reset(state.dtype(), state.dims());
-            let rows = state.dims()[0];
-            let row = state.numel() / rows.max(1);
+            g.reset(dtype, &dims);
+            let rows = dims[0];
+            let row = dims[1] * dims[2];
             let data = g.as_mut_slice::<f32>()?;
             let last = &mut data[(rows.max(1) - 1) * row..];
             last.fill(0.0);
@@ -335,7 +382,7 @@ impl RecurrentNetworkGradient {
                 }
             }
         }
-        shaped_like(&ws.blob(&self.seq_grad)?, seq_input, true);
+        shaped_like(&ws.blob(&self.seq_grad)?, seq_input, self.zero_seq_grad);
         Ok(())
     }
 
@@ -358,8 +405,8 @@ impl Operator for RecurrentNetworkGradient {
     fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
         let ws: Arc<Workspace> = ctx.ws.clone();
         let ng = self.num_grad_inputs;
-        let seq_input = read_tensor(ctx.input_handle(ng), ctx.input_name(ng))?;
-        let t_len = seq_input.dims().first().copied().unwrap_or(0);
+        let seq_input = meta_of(ctx.input_handle(ng), ctx.input_name(ng))?;
+        let t_len = seq_input.1.first().copied().unwrap_or(0);
         let last = ctx.num_inputs() - 1;
         let stack = steps::existing_stack(ctx.input_handle(last), ctx.input_name(last))?;
         let fwd: Vec<Arc<Workspace>> = stack.lock().workspaces.clone();
@@ -406,5 +453,81 @@ impl Operator for RecurrentNetworkGradient {
 
     fn locks_blobs(&self) -> bool {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rnn::config::Link;
+
+    fn link(internal: &str, external: &str, offset: i64, window: i64) -> Link {
+        Link {
+            internal: internal.into(),
+            external: external.into(),
+            offset,
+            window,
+        }
+    }
+
+    fn net(ops: Vec<OperatorDef>, links: &[Link]) -> NetDef {
+        let mut n = NetDef {
+            op: ops,
+            ..Default::default()
+        };
+        config::add_apply_link_ops(links, "timestep", None, &mut n);
+        n
+    }
+
+    #[test]
+    fn sequence_gradient_is_zeroed_unless_each_step_overwrites_its_row() {
+        let unit = || OperatorDef::new("LSTMUnitGradient", ["g", "dh"], ["dh_prev", "dx"]);
+        let links = [link("dx", "x_grad", 0, 1), link("dh", "h_grad", 1, 1)];
+        assert!(steps_overwrite(
+            &net(vec![unit()], &links),
+            &links,
+            "x_grad"
+        ));
+        // Not linked, linked twice, or not row t alone.
+        assert!(!steps_overwrite(
+            &net(vec![unit()], &links),
+            &links,
+            "other"
+        ));
+        let twice = [links[0].clone(), link("dy", "x_grad", 0, 1)];
+        assert!(!steps_overwrite(
+            &net(vec![unit()], &twice),
+            &twice,
+            "x_grad"
+        ));
+        for l in [link("dx", "x_grad", 1, 1), link("dx", "x_grad", 0, 2)] {
+            assert!(!steps_overwrite(
+                &net(vec![unit()], std::slice::from_ref(&l)),
+                std::slice::from_ref(&l),
+                "x_grad"
+            ));
+        }
+        // Read before (or while) being written, or written by accumulation.
+        let reader = OperatorDef::new("Scale", ["dx"], ["y"]);
+        assert!(!steps_overwrite(
+            &net(vec![reader, unit()], &links),
+            &links,
+            "x_grad"
+        ));
+        let inplace = OperatorDef::new("Sum", ["dx", "y"], ["dx"]);
+        assert!(!steps_overwrite(
+            &net(vec![inplace], &links),
+            &links,
+            "x_grad"
+        ));
+        let mut acc = OperatorDef::new("FCGradient", ["h", "w", "dy"], ["dw", "db", "dx"]);
+        acc.arg.push(Argument {
+            name: Some(fc::ACCUMULATE_ARG.into()),
+            ints: vec![1],
+            ..Default::default()
+        });
+        assert!(!steps_overwrite(&net(vec![acc], &links), &links, "x_grad"));
+        // Nothing writes it.
+        assert!(!steps_overwrite(&net(vec![], &links), &links, "x_grad"));
     }
 }

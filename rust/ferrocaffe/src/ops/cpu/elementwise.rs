@@ -176,12 +176,30 @@ pub fn nary_same_shape<T: Element>(ctx: &mut OpContext<'_>, f: impl Fn(T, T) -> 
         .map(|p| p.unwrap_or(cp as *const T))
         .collect();
     let n: usize = dims.iter().product();
-    // Blocks through a stack buffer: every input of a block is read before the block is
-    // written (inputs may alias the output), and the inner loops vectorize. Each element is
-    // still folded in input order.
-    const BLOCK: usize = 256;
-    let mut acc = [T::default(); BLOCK];
+    // Blocks of a fixed size through registers: every input of a block is read before the
+    // block is written (inputs may alias the output); the fixed size makes the loads, the
+    // fold and the store plain vector code (no memcpy calls). Each element is still folded
+    // in input order. The tail goes through a stack buffer.
+    const LANES: usize = 32;
     let mut start = 0;
+    while start + LANES <= n {
+        // SAFETY: every pointer covers n elements of T, so `start..start + LANES` is in
+        // bounds; unaligned array reads and writes of Copy elements; no reference to the
+        // output exists (it is written through `cp`).
+        unsafe {
+            let mut acc = std::ptr::read_unaligned(ptrs[0].add(start).cast::<[T; LANES]>());
+            for p in &ptrs[1..] {
+                let x = std::ptr::read_unaligned(p.add(start).cast::<[T; LANES]>());
+                for (a, v) in acc.iter_mut().zip(x) {
+                    *a = f(*a, v);
+                }
+            }
+            std::ptr::write_unaligned(cp.add(start).cast::<[T; LANES]>(), acc);
+        }
+        start += LANES;
+    }
+    const BLOCK: usize = LANES;
+    let mut acc = [T::default(); BLOCK];
     while start < n {
         let len = BLOCK.min(n - start);
         let acc = &mut acc[..len];

@@ -143,17 +143,6 @@ enum Arith {
     Div,
 }
 
-impl Arith {
-    fn f<T: Arithmetic>(self) -> fn(T, T) -> T {
-        match self {
-            Arith::Add => T::add,
-            Arith::Sub => T::sub,
-            Arith::Mul => T::mul,
-            Arith::Div => T::div,
-        }
-    }
-}
-
 /// The `broadcast` / `axis` / `axis_str` / `order` arguments of binary elementwise ops.
 #[derive(Clone, Copy, Debug)]
 pub struct BroadcastArgs {
@@ -247,7 +236,14 @@ fn create_binary(init: &OpInit<'_>, op: Arith) -> Result<Box<dyn Operator>> {
         let (la, lb, lc, c) = bc.shapes(ctx)?;
         let dt = input_meta(ctx, 0)?.1;
         dispatch!(dt, [Float => f32, Double => f64, Int32 => i32, Int64 => i64], |T| {
-            binary::<T, T, T>(ctx, &la, &lb, &lc, &c, op.f::<T>())
+            // One instantiation per operation (a function pointer would not be inlined
+            // into the element loop, which then would not vectorize).
+            match op {
+                Arith::Add => binary::<T, T, T>(ctx, &la, &lb, &lc, &c, T::add),
+                Arith::Sub => binary::<T, T, T>(ctx, &la, &lb, &lc, &c, T::sub),
+                Arith::Mul => binary::<T, T, T>(ctx, &la, &lb, &lc, &c, T::mul),
+                Arith::Div => binary::<T, T, T>(ctx, &la, &lb, &lc, &c, T::div),
+            }
         })
     })))
 }

@@ -341,10 +341,29 @@ fn xent(ctx: &mut OpContext<'_>, gradient: bool) -> Result<()> {
     Ok(())
 }
 
+/// The sum of `x` in 16 interleaved partial sums (element `i` goes to sum `i % 16`), added up
+/// in order at the end: a fixed order (the same bits on every machine) that vectorizes, and
+/// rounds less than one running sum over many values.
+fn lane_sum(x: &[f32]) -> f32 {
+    const L: usize = 16;
+    let mut acc = [0f32; L];
+    let chunks = x.chunks_exact(L);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    for (a, &v) in acc.iter_mut().zip(rest) {
+        *a += v;
+    }
+    acc.iter().sum()
+}
+
 fn averaged_loss(ctx: &mut OpContext<'_>) -> Result<()> {
     let (ins, mut outs) = ctx.split();
     let x = ins.tensor(0)?.as_slice::<f32>()?;
-    let s: f32 = x.iter().sum();
+    let s = lane_sum(x);
     outs.tensor(0)?.ensure::<f32>(&[])[0] = if x.is_empty() {
         0.0
     } else {
@@ -481,4 +500,27 @@ fn create_dropout_grad(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         }
         Ok(())
     })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lane_sum;
+
+    #[test]
+    fn lane_sum_adds_lanes_then_lane_totals_in_order() {
+        assert_eq!(lane_sum(&[]), 0.0);
+        // Up to 16 values: one per lane, so the plain sum in order.
+        let few = [0.1f32, 1e8, -1e8, 0.3, 7.0];
+        assert_eq!(lane_sum(&few), few.iter().sum::<f32>());
+        // Element i goes to lane i % 16: 1e8 and -1e8 in one lane cancel exactly there.
+        let mut x = vec![1.0f32; 40];
+        x[3] = 1e8;
+        x[19] = -1e8;
+        assert_eq!(lane_sum(&x), 38.0);
+        let many: Vec<f32> = (0..100_003)
+            .map(|i| ((i * 7919) % 1000) as f32 * 1e-3)
+            .collect();
+        let exact: f64 = many.iter().map(|&v| v as f64).sum();
+        assert!((lane_sum(&many) as f64 - exact).abs() < 1e-6 * exact);
+    }
 }
