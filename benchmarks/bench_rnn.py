@@ -8,9 +8,9 @@ op and its gradient), against a plain-numpy LSTM measured in the same run.
    with the input projection in one GEMM and one recurrent GEMM per step (and the recurrent
    weight gradient in one GEMM at the end). Target: ferrocaffe / numpy <= 0.5.
 2. executor gain: the same net with ``enable_rnn_executor`` 0 (step nets one after another)
-   against 1 (the threaded executor), for 1 and 2 layers, on each GEMM backend
-   (``ferrocaffe.blas``: with OpenBLAS the executor defaults to one thread, as the GEMMs
-   themselves use every core).
+   against 1 (the threaded executor), for 1 and 2 layers: on ferrocaffe's own GEMM with the
+   default executor thread count (one: the GEMMs themselves use both cores) and with 2 threads,
+   and on numpy's OpenBLAS (``ferrocaffe.blas``).
 
 Before timing, the loss and every parameter gradient are checked against numpy.
 """
@@ -203,7 +203,10 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=0, help="executor threads (0: default)")
     args = ap.parse_args(argv)
     T, N, D, H = args.T, args.N, args.D, args.H
-    print("LSTM T=%d N=%d D=%d H=%d, %d CPUs" % (T, N, D, H, os.cpu_count()))
+    print(
+        "LSTM T=%d N=%d D=%d H=%d, %d CPUs, GEMM backend %s"
+        % (T, N, D, H, os.cpu_count(), blas.backend())
+    )
 
     model, feeds, _ = build(T, N, D, H, 1)
     values = setup(model, feeds, T, N, D, H, 1)
@@ -229,25 +232,38 @@ def main(argv=None):
         % (ours * 1e3, ref * 1e3, ratio)
     )
 
-    # The executor's gain, on each GEMM backend: on a CBLAS library (threaded GEMMs) the
-    # executor defaults to one thread; on the gemm crate to the machine's cores.
+    # The executor's gain over the step nets run one by one, per GEMM backend and executor
+    # thread count: with threaded GEMMs (ferrocaffe's own, split with its helper thread, or a
+    # CBLAS library's pool) the executor defaults to one thread.
     gains = {}
-    backends = [("cblas", True), ("gemm", False)] if blas.backend() != "gemm" else [("gemm", False)]
-    for backend, use in backends:
+    configs = [("ferrocaffe GEMM", False, args.threads), ("ferrocaffe GEMM", False, 2)]
+    bundled = blas._default_library()
+    if bundled is not None:
+        blas.load(bundled)
+        configs.append(("numpy's OpenBLAS", True, args.threads))
+    for backend, use, threads in configs:
         blas.use_cblas(use)
         for layers in (1, 2):
             model, feeds, _ = build(T, N, D, H, layers)
             setup(model, feeds, T, N, D, H, layers)
             seq_run = create(model, False, 0, "lstm_plain")
-            par_run = create(model, True, args.threads, "lstm_threaded")
+            par_run = create(model, True, threads, "lstm_threaded")
             seq, par = best_median([seq_run, par_run], args.repeat)
-            gains[backend, layers] = seq / par
+            gains[backend, threads, layers] = seq / par
             print(
-                "executor gain (%s GEMM), %d layer%s: step nets one by one %.2f ms, executor "
-                "%.2f ms, gain %.2fx"
-                % (backend, layers, "s" if layers > 1 else "", seq * 1e3, par * 1e3, seq / par)
+                "executor gain (%s, %s executor threads), %d layer%s: step nets one by one "
+                "%.2f ms, executor %.2f ms, gain %.2fx"
+                % (
+                    backend,
+                    threads or "default",
+                    layers,
+                    "s" if layers > 1 else "",
+                    seq * 1e3,
+                    par * 1e3,
+                    seq / par,
+                )
             )
-    blas.use_cblas(backends[0][1])
+    blas.use_cblas(False)
     return ratio, gains
 
 

@@ -69,13 +69,17 @@ def bench_fc(sizes=(256, 512, 1024)):
         workspace.RunNet("fc")
         np.testing.assert_allclose(workspace.FetchBlob("y"), x @ w.T + b, rtol=1e-3, atol=1e-2)
         number = max(1, int(2e8 / n**3))
-        # Interleaved, lowest of many: the two are measured under the same machine load.
+        # Lowest of many blocks, each library timed in its own blocks with a pause before
+        # each: a BLAS worker keeps spinning on a core for a while after a product (numpy's
+        # OpenBLAS for ~0.1 s), which would bill one library for the other's idle threads.
         t_fc, t_np = float("inf"), float("inf")
-        for _ in range(15):
-            t_fc = min(
-                t_fc, best_of(lambda number=number: workspace.RunNet("fc", number), 1) / number
-            )
-            t_np = min(t_np, best_of(lambda x=x, w=w, b=b: x @ w.T + b, 1, number=number))
+        for _ in range(8):
+            time.sleep(0.15)
+            workspace.RunNet("fc")
+            t_fc = min(t_fc, best_of(lambda n=number: workspace.RunNet("fc", n), 3) / number)
+            time.sleep(0.15)
+            x @ w.T + b
+            t_np = min(t_np, best_of(lambda x=x, w=w, b=b: x @ w.T + b, 3, number=number))
         ratio = t_np / t_fc
         gflops = 2 * n**3 / t_fc / 1e9
         print(

@@ -1,5 +1,6 @@
-"""The GEMM backend switch (ferrocaffe.blas): both backends give the same products, the
-default follows FERROCAFFE_BLAS / numpy's bundled OpenBLAS, and bad libraries are errors."""
+"""The GEMM backend switch (ferrocaffe.blas): both backends (and the small-dimension kernels
+on and off) give the same products, the default follows FERROCAFFE_BLAS, and bad libraries are
+errors."""
 
 import os
 import subprocess
@@ -34,9 +35,16 @@ def _run_matmul(a, b, trans_a, trans_b):
 
 @pytest.fixture
 def restore_backend():
+    """Loads numpy's OpenBLAS into this process (once; it then stays loaded but switched off
+    unless a test switches it on) and restores the backend afterwards."""
     before = blas.backend()
-    yield
+    bundled = blas._default_library()
+    if bundled is not None:
+        blas.load(bundled)
+        blas.use_cblas(before != "gemm")
+    yield bundled
     blas.use_cblas(before != "gemm")
+    blas.use_small_kernels(True)
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 5, 7), (64, 300, 33), (257, 129, 65)])
@@ -46,8 +54,9 @@ def test_both_backends_match_numpy(m, k, n, restore_backend):
     w = rng.randn(n, k).astype(np.float32)
     b = rng.randn(n).astype(np.float32)
     want = x.astype(np.float64) @ w.T.astype(np.float64) + b
-    for enabled in (True, False):
+    for enabled, small in ((True, True), (False, True), (False, False)):
         blas.use_cblas(enabled)
+        blas.use_small_kernels(small)
         np.testing.assert_allclose(_run_fc(x, w, b), want, rtol=1e-4, atol=1e-4)
         for ta in (False, True):
             for tb in (False, True):
@@ -63,13 +72,21 @@ def test_switching_off_names_gemm(restore_backend):
     assert blas.backend() == "gemm"
 
 
-def test_default_backend_is_numpys_openblas_when_bundled():
+def test_default_backend_is_ferrocaffes_own():
+    out = _import_with("")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "gemm"
+
+
+def test_env_numpy_selects_numpys_bundled_openblas():
     bundled = blas._default_library()
-    backend = blas.backend()
+    out = _import_with("numpy")
     if bundled is None:
-        assert backend == "gemm"
+        assert out.returncode != 0
+        assert "numpy bundles no OpenBLAS" in out.stderr
     else:
-        assert backend == "cblas:" + bundled
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "cblas:" + bundled
         assert "openblas" in os.path.basename(bundled)
 
 
@@ -101,10 +118,10 @@ def test_env_library_without_sgemm_is_rejected():
     assert "exports no cblas_sgemm" in out.stderr
 
 
-def test_a_second_different_library_is_refused():
+def test_a_second_different_library_is_refused(restore_backend):
     import ferrocaffe._native as native
 
-    if blas.backend() == "gemm":
-        pytest.skip("no CBLAS library loaded in this process (numpy bundles none here)")
+    if restore_backend is None:
+        pytest.skip("numpy bundles no OpenBLAS here: nothing is loaded to conflict with")
     with pytest.raises(ValueError, match="already loaded"):
         blas.load(native.__file__)

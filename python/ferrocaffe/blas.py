@@ -1,17 +1,21 @@
 """Which GEMM the engine's matrix products run on.
 
 Every FC, MatMul, BatchMatMul and Conv (and through them the RNN step nets) calls one
-single-precision GEMM: the pure-Rust ``gemm`` crate, or a CBLAS library loaded at run time.
-``import ferrocaffe`` picks the backend:
+single-precision GEMM. ``import ferrocaffe`` picks the backend:
 
-- ``FERROCAFFE_BLAS`` unset: the OpenBLAS that numpy's wheels bundle (the ``scipy-openblas64``
-  build in ``numpy.libs``), so numpy and ferrocaffe share one library and one thread pool
-  (two OpenBLAS pools spinning on the same cores slow each other down several times); else
-  the ``scipy-openblas32`` or ``scipy-openblas64`` package when installed; else ``gemm``;
-- ``FERROCAFFE_BLAS=gemm``: the ``gemm`` crate;
+- ``FERROCAFFE_BLAS`` unset, or ``gemm``: ferrocaffe's own (``backend() == 'gemm'``):
+  products with one small dimension (an RNN step's batch, a weight gradient summed over a
+  batch) on its AVX-512 kernels, which read the large operand in place, the rest on the
+  pure-Rust ``gemm`` crate; products above a megaflop are shared out between the calling
+  thread and one helper thread;
+- ``FERROCAFFE_BLAS=numpy``: the OpenBLAS that numpy's wheels bundle (``numpy.libs``), or else
+  the ``scipy-openblas32`` / ``scipy-openblas64`` package, for every product;
 - ``FERROCAFFE_BLAS=/path/to/libcblas.so``: that CBLAS library (``cblas_sgemm`` exported).
 
-OpenBLAS sizes its thread pool from ``OPENBLAS_NUM_THREADS`` (default: all cores).
+On small machines a BLAS library's worker threads keep spinning on a core for a while after
+each product (OpenBLAS 0.3: about 0.1 s), and so does ferrocaffe's helper (0.3 ms): a program
+that alternates large numpy products with ferrocaffe nets on 2 cores may do better sharing
+numpy's OpenBLAS (``FERROCAFFE_BLAS=numpy``), one pool for both.
 """
 
 import glob
@@ -70,12 +74,16 @@ def _default_library():
 def autoload():
     """Applies ``FERROCAFFE_BLAS`` (see the module doc); returns the backend in use."""
     choice = os.environ.get("FERROCAFFE_BLAS", "").strip()
-    if choice.lower() == "gemm":
+    if choice.lower() in ("", "gemm"):
         use_cblas(False)
-    elif choice:
-        load(choice)
-    else:
+    elif choice.lower() == "numpy":
         path = _default_library()
-        if path is not None:
-            load(path)
+        if path is None:
+            raise ImportError(
+                "FERROCAFFE_BLAS=numpy: numpy bundles no OpenBLAS here and no scipy-openblas "
+                "package is installed"
+            )
+        load(path)
+    else:
+        load(choice)
     return backend()

@@ -673,7 +673,7 @@ impl Tensor {
         } else {
             let bytes = n.saturating_mul(dtype.item_size());
             let start = self.offset * self.dtype.item_size();
-            start % dtype.item_size() == 0
+            start.is_multiple_of(dtype.item_size())
                 && start + bytes <= self.storage.buffer().byte_len()
                 && self.owns_buffer()
         };

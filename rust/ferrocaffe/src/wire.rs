@@ -238,8 +238,8 @@ fn scan_with(b: &[u8], schema: &Schema, stream: bool) -> Scan {
                 // Packed values must split evenly into whole elements.
                 let body = &b[s..e];
                 let whole = match kind {
-                    Kind::Fixed32 { .. } => body.len() % 4 == 0,
-                    Kind::Fixed64 { .. } => body.len() % 8 == 0,
+                    Kind::Fixed32 { .. } => body.len().is_multiple_of(4),
+                    Kind::Fixed64 { .. } => body.len().is_multiple_of(8),
                     _ => {
                         let mut p = 0;
                         let mut okv = true;

@@ -2,19 +2,23 @@
 //! Conv, ConvTranspose and through them the RNN step nets).
 //!
 //! Two backends behind one function, [`sgemm`]:
-//! - the pure-Rust `gemm` crate (always available, the default for Rust users);
+//! - this crate's own (the default): the kernels below and the pure-Rust `gemm` crate;
 //! - a CBLAS library loaded at run time with [`load_cblas`] (for example the OpenBLAS that
-//!   the `scipy-openblas32` Python package ships, which the Python package loads when it is
-//!   installed). On 2-core x86 machines OpenBLAS's hand-tuned kernels run 1.1-1.4x faster
-//!   than `gemm` at the sizes of FC layers; `benchmarks/bench_runtime.py` measures both.
+//!   numpy's wheels bundle, which the Python package loads with `FERROCAFFE_BLAS=numpy`).
+//!   `benchmarks/bench_runtime.py` measures FC layers on both against numpy.
 //!
 //! Loading is explicit and happens once per process; [`set_cblas_enabled`] switches between
 //! the backends afterwards (tests compare them), and [`backend`] names the one in use.
 //!
-//! In front of both, products with one small dimension (an RNN step's batch: `m <= 64` of
-//! `A B` and `A B^T`, `k <= 64` of `A^T B`) run on this crate's own AVX-512 kernels where
-//! the CPU has them ([`small`]): they read the large operand in place instead of packing it
-//! on every call. [`set_small_kernels_enabled`] turns them off (benchmarks compare).
+//! Without a CBLAS library, products with one small dimension (an RNN step's batch:
+//! `m <= 64` of `A B` and `A B^T`, `k <= 64` of `A^T B`) run on this crate's own AVX-512
+//! kernels where the CPU has them ([`small`]): they read the large operand in place instead of
+//! packing it on every call ([`set_small_kernels_enabled`] turns them off; benchmarks
+//! compare). Products above a megaflop, on these kernels or on the `gemm` crate, are shared
+//! out between the caller and one helper thread ([`pair`]). The Python package uses this
+//! backend by default: on a 2-core machine it runs an LSTM step net 1.4x faster than
+//! OpenBLAS, whose packing of the weight on every call and spinning workers cost more than
+//! its kernels gain there.
 
 use std::ffi::c_int;
 use std::path::Path;
@@ -82,16 +86,9 @@ pub fn set_small_kernels_enabled(enabled: bool) {
 }
 
 /// Whether `sgemm` would run this product on the small-dimension kernels.
+#[cfg(target_arch = "x86_64")]
 fn small_applies(trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        SMALL_ENABLED.load(Ordering::Relaxed) && small::applies(trans_a, trans_b, m, n, k)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (trans_a, trans_b, m, n, k);
-        false
-    }
+    SMALL_ENABLED.load(Ordering::Relaxed) && small::applies(trans_a, trans_b, m, n, k)
 }
 
 /// Loads a CBLAS shared library and uses its `sgemm` from now on. Loading the library that
@@ -156,10 +153,11 @@ pub fn backend() -> String {
     }
 }
 
-/// Whether [`sgemm`] runs on a CBLAS library, which parallelizes each product on its own
-/// thread pool (callers that would run GEMMs on several threads at once may prefer one).
+/// Whether [`sgemm`] parallelizes products itself: on a CBLAS library's thread pool, or split
+/// with this crate's GEMM helper thread (machines with two or more cores). Callers that would
+/// run GEMMs on several threads at once may prefer one.
 pub fn gemm_is_threaded() -> bool {
-    active_cblas().is_some()
+    active_cblas().is_some() || pair::available()
 }
 
 fn active_cblas() -> Option<&'static Cblas> {
@@ -188,11 +186,6 @@ pub fn sgemm(
 ) {
     assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
     if m == 0 || n == 0 {
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if small_applies(trans_a, trans_b, m, n, k) {
-        small::sgemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
         return;
     }
     if let Some(cblas) = active_cblas() {
@@ -259,6 +252,13 @@ pub fn sgemm(
             }
         }
     }
+    // A loaded CBLAS library (above) takes every product: its worker threads spin after each
+    // call, and a second pool beside them would fight them for the cores.
+    #[cfg(target_arch = "x86_64")]
+    if small_applies(trans_a, trans_b, m, n, k) {
+        small::sgemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+        return;
+    }
     gemm_crate(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
 }
 
@@ -304,28 +304,25 @@ fn gemm_crate(
         unsafe { whole.run(0..m, 0..n) };
         return;
     }
+    // Pieces of whole rows or columns of C (the longer side), shared out between this thread
+    // and the helper.
     if m >= n {
-        let mid = (m / 2).div_ceil(8) * 8;
-        // SAFETY: the two halves write disjoint rows of C.
-        pair::run_split(&|part| unsafe {
-            if part == 0 {
-                whole.run(0..mid, 0..n)
-            } else {
-                whole.run(mid..m, 0..n)
-            }
+        let height = (m.div_ceil(PIECES)).div_ceil(16) * 16;
+        // SAFETY: the pieces write disjoint rows of C.
+        pair::run_parts(m.div_ceil(height), &|i| unsafe {
+            whole.run(i * height..((i + 1) * height).min(m), 0..n)
         });
     } else {
-        let mid = (n / 2).div_ceil(16) * 16;
-        // SAFETY: the two halves write disjoint columns of C.
-        pair::run_split(&|part| unsafe {
-            if part == 0 {
-                whole.run(0..m, 0..mid)
-            } else {
-                whole.run(0..m, mid..n)
-            }
+        let width = (n.div_ceil(PIECES)).div_ceil(16) * 16;
+        // SAFETY: the pieces write disjoint columns of C.
+        pair::run_parts(n.div_ceil(width), &|i| unsafe {
+            whole.run(0..m, i * width..((i + 1) * width).min(n))
         });
     }
 }
+
+/// Split products are cut in about this many pieces.
+const PIECES: usize = 4;
 
 /// Products of at least this many multiply-adds are split between two threads.
 const SPLIT_MNK: usize = 1 << 18;

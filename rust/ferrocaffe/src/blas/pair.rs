@@ -1,13 +1,18 @@
-//! A second thread for splitting one small product in two: [`run_split`] runs part 0 on the
-//! calling thread and part 1 on a helper thread, and returns when both are done.
+//! A second thread for splitting one product: [`run_parts`] runs `parts` independent pieces
+//! of work on the calling thread and a helper thread, and returns when all are done.
 //!
 //! Small GEMMs (an RNN step's `32 x 256 x 1024`) take tens of microseconds, so the hand-off
 //! has to cost about a microsecond: the helper spins on an atomic for a while after each job
 //! (every step of a recurrent net comes well within that window) and only then parks. A thread
 //! pool with sleeping workers (rayon's `join` from outside the pool) costs more than the
-//! product saves. One caller at a time gets the helper; a concurrent caller (the RNN executor
-//! or the DAG executor with several workers) runs both parts itself, so nobody ever waits for
-//! a busy helper and no nesting can deadlock.
+//! product saves.
+//!
+//! Both threads take pieces from one counter, so the work balances itself: when the helper
+//! starts late or gets less of its core (another library's worker spinning on it), the caller
+//! simply does more of the pieces, and a job the helper never picked up is taken back. One
+//! caller at a time gets the helper; a concurrent caller (the RNN executor or the DAG
+//! executor with several workers) runs all pieces itself, so nobody waits for a busy helper
+//! and no nesting can deadlock.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -19,19 +24,35 @@ const SPIN: Duration = Duration::from_micros(300);
 
 /// A job as the helper sees it: a thin pointer to this, on the caller's stack.
 struct Job<'a> {
-    part: &'a (dyn Fn(usize) + Sync),
+    piece: &'a (dyn Fn(usize) + Sync),
+    parts: usize,
+    /// The next piece to take.
+    next: AtomicUsize,
+}
+
+impl Job<'_> {
+    /// Runs pieces until none is left.
+    fn work(&self) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.parts {
+                return;
+            }
+            (self.piece)(i);
+        }
+    }
 }
 
 struct Helper {
     /// The posted job (`*const Job` as an address), 0 when none.
     job: AtomicUsize,
-    /// Set by the helper when it has finished the posted job.
+    /// Set by the helper when it has finished the job it took.
     done: AtomicBool,
     /// Held by the caller that owns the helper for the current job.
     busy: AtomicBool,
     /// Set while the helper is parked (or about to park).
     parked: AtomicBool,
-    /// Set when the helper's part of the last job panicked (the caller re-raises it).
+    /// Set when a piece run by the helper panicked (the caller re-raises it).
     panicked: AtomicBool,
     thread: Thread,
 }
@@ -65,13 +86,18 @@ fn helper() -> Option<&'static Helper> {
     })
 }
 
+/// Whether products are split between two threads here (a machine with two or more cores).
+pub(crate) fn available() -> bool {
+    helper().is_some()
+}
+
 fn serve(h: &'static Helper) {
     loop {
         let job = wait_for_job(h);
-        // SAFETY: the caller posted a pointer to a live `Job` and does not return (so the
-        // job stays alive) until it sees `done`.
+        // SAFETY: the caller posted a pointer to a live `Job`; once this thread has taken it
+        // (the swap in `wait_for_job`), the caller does not return before it sees `done`.
         let job = unsafe { &*(job as *const Job<'_>) };
-        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (job.part)(1))).is_ok();
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.work())).is_ok();
         h.panicked.store(!ok, Ordering::Relaxed);
         h.done.store(true, Ordering::Release);
     }
@@ -81,12 +107,12 @@ fn wait_for_job(h: &Helper) -> usize {
     let mut since = Instant::now();
     let mut spins = 0u32;
     loop {
-        let job = h.job.swap(0, Ordering::Acquire);
+        let job = h.job.swap(0, Ordering::AcqRel);
         if job != 0 {
             return job;
         }
         spins = spins.wrapping_add(1);
-        if spins % 64 != 0 {
+        if !spins.is_multiple_of(64) {
             std::hint::spin_loop();
             continue;
         }
@@ -105,54 +131,67 @@ fn wait_for_job(h: &Helper) -> usize {
     }
 }
 
-/// Runs `part(0)` here and `part(1)` on the helper thread (or both here, in order, when there
-/// is no helper or another caller has it). Returns after both.
-pub(crate) fn run_split(part: &(dyn Fn(usize) + Sync)) {
-    let Some(h) = helper() else {
-        part(0);
-        part(1);
+/// Runs `piece(0) .. piece(parts - 1)`, each exactly once, on this thread and the helper
+/// thread (or all here when there is no helper or another caller has it). Returns after all.
+pub(crate) fn run_parts(parts: usize, piece: &(dyn Fn(usize) + Sync)) {
+    let job = Job {
+        piece,
+        parts,
+        next: AtomicUsize::new(0),
+    };
+    let Some(h) = helper().filter(|_| parts > 1) else {
+        job.work();
         return;
     };
-    if h
-        .busy
+    if h.busy
         .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
         .is_err()
     {
-        part(0);
-        part(1);
+        job.work();
         return;
     }
-    let job = Job { part };
+    let address = &job as *const Job<'_> as usize;
     h.done.store(false, Ordering::Relaxed);
-    h.job
-        .store(&job as *const Job<'_> as usize, Ordering::SeqCst);
+    h.job.store(address, Ordering::SeqCst);
     if h.parked.load(Ordering::SeqCst) {
         h.thread.unpark();
     }
-    let wait = AwaitHelper(h);
-    part(0);
-    drop(wait);
+    let finish = Finish { h, address };
+    job.work();
+    drop(finish);
 }
 
-/// Waits for the helper to finish the posted job and releases it, also when the caller's own
-/// part unwinds (the job lives on the caller's stack).
-struct AwaitHelper(&'static Helper);
+/// Takes the job back if the helper never picked it up, else waits for the helper to finish
+/// it; then releases the helper. Runs also when the caller's own piece unwinds (the job lives
+/// on the caller's stack).
+struct Finish {
+    h: &'static Helper,
+    address: usize,
+}
 
-impl Drop for AwaitHelper {
+impl Drop for Finish {
     fn drop(&mut self) {
-        let mut spins = 0u32;
-        while !self.0.done.load(Ordering::Acquire) {
-            spins = spins.wrapping_add(1);
-            if spins % 4096 == 0 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
+        let h = self.h;
+        let taken_back = h
+            .job
+            .compare_exchange(self.address, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        let mut panicked = false;
+        if !taken_back {
+            let mut spins = 0u32;
+            while !h.done.load(Ordering::Acquire) {
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(4096) {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
             }
+            panicked = h.panicked.swap(false, Ordering::Relaxed);
         }
-        let panicked = self.0.panicked.swap(false, Ordering::Relaxed);
-        self.0.busy.store(false, Ordering::Release);
+        h.busy.store(false, Ordering::Release);
         if panicked && !std::thread::panicking() {
-            panic!("the GEMM helper thread's part of a product panicked");
+            panic!("a piece of a product run on the GEMM helper thread panicked");
         }
     }
 }
@@ -163,35 +202,34 @@ mod tests {
     use std::sync::atomic::AtomicU64;
 
     #[test]
-    fn both_parts_run_once_per_call_even_from_many_threads() {
-        let total = AtomicU64::new(0);
+    fn every_piece_runs_once_per_call_even_from_many_threads() {
         std::thread::scope(|s| {
-            for t in 0..4u64 {
-                let total = &total;
+            for t in 0..4usize {
                 s.spawn(move || {
-                    for i in 0..500u64 {
-                        let seen = [AtomicU64::new(0), AtomicU64::new(0)];
-                        run_split(&|p| {
+                    for i in 0..300usize {
+                        let parts = 1 + (i + t) % 9;
+                        let seen: Vec<AtomicU64> = (0..parts).map(|_| AtomicU64::new(0)).collect();
+                        run_parts(parts, &|p| {
                             seen[p].fetch_add(1, Ordering::Relaxed);
                         });
-                        assert_eq!(seen[0].load(Ordering::Relaxed), 1);
-                        assert_eq!(seen[1].load(Ordering::Relaxed), 1);
-                        total.fetch_add(t + i, Ordering::Relaxed);
+                        assert!(seen.iter().all(|c| c.load(Ordering::Relaxed) == 1));
                     }
                 });
             }
         });
-        assert_eq!(total.load(Ordering::Relaxed), 4 * (499 * 500 / 2) + 500 * 6);
     }
 
     #[test]
-    fn a_parked_helper_is_woken() {
+    fn a_parked_helper_is_woken_and_a_slow_piece_is_waited_for() {
         let hits = AtomicU64::new(0);
-        run_split(&|_| {
+        run_parts(2, &|_| {
             hits.fetch_add(1, Ordering::Relaxed);
         });
         std::thread::sleep(SPIN * 4);
-        run_split(&|_| {
+        run_parts(2, &|p| {
+            if p == 1 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
             hits.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(hits.load(Ordering::Relaxed), 4);

@@ -23,12 +23,14 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use super::pair::run_split;
+use super::pair::run_parts;
 
 /// The largest "small" dimension: `m` of `A B` and `A B^T`, `k` of `A^T B`.
 const SMALL: usize = 64;
-/// Products of at least this many flops are split between two threads.
+/// Products of at least this many flops are split between two threads...
 const SPLIT_FLOPS: usize = 1 << 20;
+/// ... in about this many pieces, which the threads share out as they go.
+const PIECES: usize = 8;
 
 fn has_avx512() -> bool {
     static YES: OnceLock<bool> = OnceLock::new();
@@ -172,25 +174,19 @@ impl Problem {
             self.block(0, self.rows, 0, self.cols);
             return;
         }
-        // Split the larger operand: P's rows or Q's columns.
-        if self.cols * self.k >= self.rows * self.k && self.cols >= 32 {
-            let mid = (self.cols / 2).div_ceil(16) * 16;
-            run_split(&|part| {
-                if part == 0 {
-                    self.block(0, self.rows, 0, mid)
-                } else {
-                    self.block(0, self.rows, mid, self.cols)
-                }
+        // Pieces along the larger operand: Q's columns (in whole column blocks) or P's rows
+        // (in whole row blocks), about PIECES of them.
+        if self.cols >= self.rows && self.cols >= 96 {
+            let width = (self.cols.div_ceil(PIECES)).div_ceil(48) * 48;
+            let parts = self.cols.div_ceil(width);
+            run_parts(parts, &|i| {
+                self.block(0, self.rows, i * width, ((i + 1) * width).min(self.cols))
             });
         } else {
-            let mid = (self.rows / 2).div_ceil(12) * 12;
-            let mid = mid.min(self.rows);
-            run_split(&|part| {
-                if part == 0 {
-                    self.block(0, mid, 0, self.cols)
-                } else {
-                    self.block(mid, self.rows, 0, self.cols)
-                }
+            let height = (self.rows.div_ceil(PIECES)).div_ceil(12) * 12;
+            let parts = self.rows.div_ceil(height);
+            run_parts(parts, &|i| {
+                self.block(i * height, ((i + 1) * height).min(self.rows), 0, self.cols)
             });
         }
     }
@@ -278,6 +274,7 @@ fn lanes(n: usize) -> __mmask16 {
 /// AVX-512F is available; `R` rows of `P`, `t.cols` columns of `Q` and the matching part of
 /// `C` are in bounds for the inner dimension `t.k`.
 #[target_feature(enable = "avx512f")]
+#[allow(clippy::needless_range_loop)] // R x V register tiles read clearer indexed
 unsafe fn tile<const R: usize, const V: usize>(t: &Tile) {
     let masks: [__mmask16; V] = std::array::from_fn(|v| lanes(t.cols.saturating_sub(16 * v)));
     let mut acc = [[_mm512_setzero_ps(); V]; R];
@@ -398,7 +395,9 @@ mod tests {
     }
 
     fn data(len: usize, seed: f32) -> Vec<f32> {
-        (0..len).map(|i| ((i as f32 + seed) * 0.618).sin()).collect()
+        (0..len)
+            .map(|i| ((i as f32 + seed) * 0.618).sin())
+            .collect()
     }
 
     fn check(ta: bool, tb: bool, m: usize, n: usize, k: usize) {
@@ -413,11 +412,18 @@ mod tests {
         let mut c = vec![f32::NAN; m * n];
         sgemm(ta, tb, m, n, k, 1.0, &a, &b, 0.0, &mut c);
         for (i, (x, y)) in c.iter().zip(&want).enumerate() {
-            assert!((*x as f64 - y).abs() < tol, "{ta}{tb} {m}x{n}x{k} [{i}]: {x} vs {y}");
+            assert!(
+                (*x as f64 - y).abs() < tol,
+                "{ta}{tb} {m}x{n}x{k} [{i}]: {x} vs {y}"
+            );
         }
         sgemm(ta, tb, m, n, k, 2.0, &a, &b, 0.5, &mut c);
         for (x, y) in c.iter().zip(&want) {
-            assert!((*x as f64 - 2.5 * y).abs() < 3.0 * tol, "{x} vs {}", 2.5 * y);
+            assert!(
+                (*x as f64 - 2.5 * y).abs() < 3.0 * tol,
+                "{x} vs {}",
+                2.5 * y
+            );
         }
     }
 

@@ -83,7 +83,7 @@ fn format_values(t: &Tensor, limit: usize) -> String {
 impl Operator for PrintOp {
     fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
         self.count += 1;
-        if self.every_n > 1 && (self.count - 1) % self.every_n != 0 {
+        if self.every_n > 1 && !(self.count - 1).is_multiple_of(self.every_n) {
             return Ok(());
         }
         let name = ctx.input_name(0).to_string();

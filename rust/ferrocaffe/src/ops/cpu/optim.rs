@@ -153,7 +153,7 @@ fn create_lr(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
 /// Y = sum_i w_i * X_i over inputs (X_0, w_0, X_1, w_1, ...); Y may be X_0.
 fn weighted_sum(ctx: &mut OpContext<'_>) -> Result<()> {
     let n = ctx.num_inputs();
-    if n == 0 || n % 2 != 0 {
+    if n == 0 || !n.is_multiple_of(2) {
         return Err(rt("WeightedSum needs pairs of (X, weight) inputs"));
     }
     let dims = ctx.input(0)?.dims().to_vec();

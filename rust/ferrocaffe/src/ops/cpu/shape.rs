@@ -182,7 +182,7 @@ fn new_shape(spec: &[i64], old: &[usize], total: usize) -> Result<Vec<usize>> {
     }
     let known: usize = out.iter().product();
     if let Some(i) = unknown {
-        if known == 0 || total % known != 0 {
+        if known == 0 || !total.is_multiple_of(known) {
             return Err(rt(format!(
                 "Argument `shape` does not agree with the input data. ({total} is not a multiple of {known})"
             )));

@@ -467,7 +467,7 @@ fn scatter_assign(ctx: &mut OpContext<'_>) -> Result<()> {
 /// X0[idx] = X0[idx] * W0 + sum_i X_i * W_i, inputs (X0, W0, INDICES, X1, W1, ...).
 fn scatter_weighted_sum(ctx: &mut OpContext<'_>) -> Result<()> {
     let n = ctx.num_inputs();
-    if n < 5 || (n - 3) % 2 != 0 {
+    if n < 5 || !(n - 3).is_multiple_of(2) {
         return Err(rt(
             "ScatterWeightedSum needs (X0, W0, INDICES, X1, W1, ...)",
         ));
