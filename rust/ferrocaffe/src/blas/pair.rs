@@ -14,7 +14,7 @@
 //! executor with several workers) runs all pieces itself, so nobody waits for a busy helper
 //! and no nesting can deadlock.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -25,19 +25,47 @@ const SPIN: Duration = Duration::from_micros(300);
 /// A job as the helper sees it: a thin pointer to this, on the caller's stack.
 struct Job<'a> {
     piece: &'a (dyn Fn(usize) + Sync),
-    parts: usize,
-    /// The next piece to take.
-    next: AtomicUsize,
+    /// The pieces not yet taken, `lo..hi`, packed as `lo << 32 | hi`: the caller takes them
+    /// from the front, the helper from the back, so that in a balanced run each thread gets
+    /// the same half every time (and finds its half of the operands still in its own cache).
+    left: AtomicU64,
 }
 
 impl Job<'_> {
-    /// Runs pieces until none is left.
-    fn work(&self) {
+    fn new(piece: &(dyn Fn(usize) + Sync), parts: usize) -> Job<'_> {
+        let parts = parts.min(u32::MAX as usize) as u64;
+        Job {
+            piece,
+            left: AtomicU64::new(parts),
+        }
+    }
+
+    /// The next piece from the front (the caller) or the back (the helper), if any is left.
+    fn take(&self, front: bool) -> Option<usize> {
+        let mut cur = self.left.load(Ordering::Relaxed);
         loop {
-            let i = self.next.fetch_add(1, Ordering::Relaxed);
-            if i >= self.parts {
-                return;
+            let (lo, hi) = (cur >> 32, cur & 0xFFFF_FFFF);
+            if lo >= hi {
+                return None;
             }
+            let (next, piece) = if front {
+                ((lo + 1) << 32 | hi, lo)
+            } else {
+                (lo << 32 | (hi - 1), hi - 1)
+            };
+            match self
+                .left
+                .compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(piece as usize),
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// Runs pieces until none is left.
+    fn work(&self, front: bool) {
+        while let Some(i) = self.take(front) {
             (self.piece)(i);
         }
     }
@@ -97,7 +125,7 @@ fn serve(h: &'static Helper) {
         // SAFETY: the caller posted a pointer to a live `Job`; once this thread has taken it
         // (the swap in `wait_for_job`), the caller does not return before it sees `done`.
         let job = unsafe { &*(job as *const Job<'_>) };
-        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.work())).is_ok();
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.work(false))).is_ok();
         h.panicked.store(!ok, Ordering::Relaxed);
         h.done.store(true, Ordering::Release);
     }
@@ -134,20 +162,16 @@ fn wait_for_job(h: &Helper) -> usize {
 /// Runs `piece(0) .. piece(parts - 1)`, each exactly once, on this thread and the helper
 /// thread (or all here when there is no helper or another caller has it). Returns after all.
 pub(crate) fn run_parts(parts: usize, piece: &(dyn Fn(usize) + Sync)) {
-    let job = Job {
-        piece,
-        parts,
-        next: AtomicUsize::new(0),
-    };
+    let job = Job::new(piece, parts);
     let Some(h) = helper().filter(|_| parts > 1) else {
-        job.work();
+        job.work(true);
         return;
     };
     if h.busy
         .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
         .is_err()
     {
-        job.work();
+        job.work(true);
         return;
     }
     let address = &job as *const Job<'_> as usize;
@@ -157,7 +181,7 @@ pub(crate) fn run_parts(parts: usize, piece: &(dyn Fn(usize) + Sync)) {
         h.thread.unpark();
     }
     let finish = Finish { h, address };
-    job.work();
+    job.work(true);
     drop(finish);
 }
 
