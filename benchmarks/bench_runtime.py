@@ -6,7 +6,12 @@
    from RunNet wall time / ops. Target <= 0.3 us/op.
 2. FC vs numpy: FC (Y = X W^T + b) at 256/512/1024 square, against numpy's `x @ w.T + b` in
    float32; the ratio numpy_time / fc_time is printed (target >= 0.8).
-3. dag speedup: independent branches of elementwise ops, `dag` (num_workers = cores) vs `simple`.
+3. LSTM step products (batch 32, hidden 256): X W^T, dY W, dY^T X as MatMul ops, on the default
+   GEMM (small-dimension kernels) and on the gemm crate alone, against numpy (OpenBLAS).
+4. dag speedup: independent branches of elementwise ops, `dag` (num_workers = cores) vs `simple`.
+
+Each library is timed in its own blocks after a pause: a BLAS library's workers spin on a core
+for a while after each product and would otherwise be billed to the other library.
 """
 
 import argparse
@@ -15,7 +20,7 @@ import time
 
 import numpy as np
 
-from ferrocaffe import workspace
+from ferrocaffe import blas, workspace
 from ferrocaffe.proto import caffe2_pb2
 
 
@@ -90,6 +95,60 @@ def bench_fc(sizes=(256, 512, 1024)):
     return out
 
 
+def bench_step_gemm(n=32, h=256):
+    """The three products of an LSTM step (batch n, hidden h): FC forward X W^T, the input
+    gradient dY W and the weight gradient dY^T X, as MatMul ops, on ferrocaffe's default GEMM
+    and with its small-dimension kernels off (the gemm crate), against numpy's x @ w products
+    (OpenBLAS), each timed in its own blocks."""
+    rng = np.random.RandomState(1)
+    x = rng.randn(n, h).astype(np.float32)
+    w = rng.randn(4 * h, h).astype(np.float32)
+    dy = rng.randn(n, 4 * h).astype(np.float32)
+    cases = [
+        ("X W^T ", "x", "w", 0, 1, lambda: x @ w.T),
+        ("dY W  ", "dy", "w", 0, 0, lambda: dy @ w),
+        ("dY^T X", "dy", "x", 1, 0, lambda: dy.T @ x),
+    ]
+    out = {}
+    for label, a, b, ta, tb, ref in cases:
+        workspace.ResetWorkspace()
+        for k, v in dict(x=x, w=w, dy=dy).items():
+            workspace.FeedBlob(k, v)
+        net = caffe2_pb2.NetDef(name="mm", op=[op("MatMul", [a, b], ["c"], trans_a=ta, trans_b=tb)])
+        workspace.CreateNet(net)
+        workspace.RunNet("mm")
+        np.testing.assert_allclose(workspace.FetchBlob("c"), ref(), rtol=1e-3, atol=1e-3)
+        times = {}
+        for name, small in (("ours", True), ("gemm crate", False)):
+            blas.use_small_kernels(small)
+            t = float("inf")
+            for _ in range(5):
+                time.sleep(0.15)
+                t = min(t, best_of(lambda: workspace.RunNet("mm", 200), 3) / 200)
+            times[name] = t
+        blas.use_small_kernels(True)
+        t_np = float("inf")
+        for _ in range(5):
+            time.sleep(0.15)
+            t_np = min(t_np, best_of(ref, 3, number=200))
+        print(
+            "step GEMM %s (%dx%dx%d): ferrocaffe %.1f us, gemm crate alone %.1f us, numpy %.1f us,"
+            " ratio numpy/ferrocaffe = %.2f"
+            % (
+                label,
+                n,
+                h * 4 if label != "dY W  " else h,
+                h,
+                times["ours"] * 1e6,
+                times["gemm crate"] * 1e6,
+                t_np * 1e6,
+                t_np / times["ours"],
+            )
+        )
+        out[label.strip()] = t_np / times["ours"]
+    return out
+
+
 def bench_dag(branches=None, depth=20, size=256):
     branches = branches or max(2, os.cpu_count() or 2)
     results = {}
@@ -130,6 +189,7 @@ def main():
     args = ap.parse_args()
     bench_dispatch(200 if args.quick else 1000)
     bench_fc((64, 128) if args.quick else (256, 512, 1024))
+    bench_step_gemm(*((8, 32) if args.quick else (32, 256)))
     bench_dag(depth=4 if args.quick else 20, size=64 if args.quick else 256)
 
 

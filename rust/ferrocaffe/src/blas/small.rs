@@ -12,12 +12,13 @@
 //! - `C = A B` and `C = A^T B` take `P = op(A)`, `Q = B` as they are;
 //! - `C = A B^T` is computed as `C^T = B A^T`: `P = B` (the weight, rows read in place) and
 //!   `Q = A^T`, the small operand, transposed into a scratch buffer; tiles are stored
-//!   transposed (scatter).
+//!   transposed (through a buffer on the stack, a row of `C` at a time).
 //!
-//! Products above a megaflop are split in two halves (disjoint parts of `C`) between the
-//! caller and a helper thread ([`super::pair`]), along the dimension that splits the large
-//! operand. Each element of `C` is summed in the same order however the work is split, so
-//! results do not depend on the thread count.
+//! Products above a megaflop are cut in about [`PIECES`] pieces (disjoint parts of `C`, along
+//! the dimension that splits the large operand) shared out between the caller and a helper
+//! thread ([`super::pair`]). Each element of `C` is one fused multiply-add chain over the
+//! inner dimension in order, whatever tile or piece it falls in, so results do not depend on
+//! the thread count or on which thread ran which piece.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -42,11 +43,9 @@ pub(super) fn applies(trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize
     if m == 0 || n == 0 || k == 0 || !has_avx512() {
         return false;
     }
-    // Scatter offsets are 32-bit: `C^T` tiles index up to `SMALL` rows of `n` columns.
-    let offsets_fit = n.saturating_mul(SMALL) < i32::MAX as usize;
     match (trans_a, trans_b) {
         (false, false) => m <= SMALL && n >= 16,
-        (false, true) => m <= SMALL && k >= 16 && offsets_fit,
+        (false, true) => m <= SMALL && k >= 16,
         (true, false) => k <= SMALL && n >= 16,
         (true, true) => false,
     }

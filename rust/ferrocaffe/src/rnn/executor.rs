@@ -49,9 +49,10 @@ pub struct RnnExecutor {
 }
 
 /// The default number of worker threads: the machine's parallelism, at most 4 — or 1 when
-/// GEMMs run on a CBLAS library ([`crate::blas::gemm_is_threaded`]): its matrix products
-/// already use every core, and OpenBLAS called from several threads at once contends on its
-/// own pool (measured: a 2-layer LSTM ran 1.3x slower on 2 executor threads than on 1).
+/// GEMMs are threaded themselves ([`crate::blas::gemm_is_threaded`]: a CBLAS library's pool,
+/// or ferrocaffe's own GEMM splitting each product with its helper thread): the products
+/// already use every core (measured on 2 cores: a 2-layer LSTM ran 1.3x slower on 2 executor
+/// threads than on 1 with OpenBLAS, 1.06x slower with ferrocaffe's GEMM).
 pub fn default_threads() -> usize {
     if crate::blas::gemm_is_threaded() {
         return 1;
