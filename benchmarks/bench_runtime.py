@@ -104,13 +104,13 @@ def bench_step_gemm(n=32, h=256):
     x = rng.randn(n, h).astype(np.float32)
     w = rng.randn(4 * h, h).astype(np.float32)
     dy = rng.randn(n, 4 * h).astype(np.float32)
-    cases = [
-        ("X W^T ", "x", "w", 0, 1, lambda: x @ w.T),
-        ("dY W  ", "dy", "w", 0, 0, lambda: dy @ w),
-        ("dY^T X", "dy", "x", 1, 0, lambda: dy.T @ x),
+    cases = [  # label, (m, n, k), A, B, trans_a, trans_b, numpy
+        ("X W^T ", (n, 4 * h, h), "x", "w", 0, 1, lambda: x @ w.T),
+        ("dY W  ", (n, h, 4 * h), "dy", "w", 0, 0, lambda: dy @ w),
+        ("dY^T X", (4 * h, h, n), "dy", "x", 1, 0, lambda: dy.T @ x),
     ]
     out = {}
-    for label, a, b, ta, tb, ref in cases:
+    for label, mnk, a, b, ta, tb, ref in cases:
         workspace.ResetWorkspace()
         for k, v in dict(x=x, w=w, dy=dy).items():
             workspace.FeedBlob(k, v)
@@ -132,13 +132,11 @@ def bench_step_gemm(n=32, h=256):
             time.sleep(0.15)
             t_np = min(t_np, best_of(ref, 3, number=200))
         print(
-            "step GEMM %s (%dx%dx%d): ferrocaffe %.1f us, gemm crate alone %.1f us, numpy %.1f us,"
-            " ratio numpy/ferrocaffe = %.2f"
+            "step GEMM %s (%dx%dx%d): ferrocaffe %.1f us, gemm crate alone %.1f us, "
+            "numpy %.1f us, ratio numpy/ferrocaffe = %.2f"
             % (
                 label,
-                n,
-                h * 4 if label != "dY W  " else h,
-                h,
+                *mnk,
                 times["ours"] * 1e6,
                 times["gemm crate"] * 1e6,
                 t_np * 1e6,
