@@ -5,7 +5,7 @@ single-precision GEMM. ``import ferrocaffe`` picks the backend:
 
 - ``FERROCAFFE_BLAS`` unset, or ``gemm``: ferrocaffe's own (``backend() == 'gemm'``):
   products with one small dimension (an RNN step's batch, a weight gradient summed over a
-  batch) on its AVX-512 kernels, which read the large operand in place, the rest on the
+  batch) on its AVX-512/AVX2 kernels, which read the large operand in place, the rest on the
   pure-Rust ``gemm`` crate; products above a megaflop are shared out between the calling
   thread and one helper thread;
 - ``FERROCAFFE_BLAS=numpy``: the OpenBLAS that numpy's wheels bundle (``numpy.libs``), or else
@@ -39,7 +39,7 @@ def use_cblas(enabled):
 
 def use_small_kernels(enabled):
     """Turns ferrocaffe's own kernels for products with one small dimension (RNN steps, batch
-    weight gradients; AVX-512 CPUs only) on or off; they are on by default."""
+    weight gradients; x86-64 CPUs with AVX-512 or AVX2) on or off; they are on by default."""
     _native.blas_set_small_kernels(bool(enabled))
 
 

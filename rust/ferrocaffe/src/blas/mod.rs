@@ -11,7 +11,7 @@
 //! the backends afterwards (tests compare them), and [`backend`] names the one in use.
 //!
 //! Without a CBLAS library, products with one small dimension (an RNN step's batch:
-//! `m <= 64` of `A B` and `A B^T`, `k <= 64` of `A^T B`) run on this crate's own AVX-512
+//! `m <= 64` of `A B` and `A B^T`, `k <= 64` of `A^T B`) run on this crate's own AVX-512 or AVX2
 //! kernels where the CPU has them ([`small`]): they read the large operand in place instead of
 //! packing it on every call ([`set_small_kernels_enabled`] turns them off; benchmarks
 //! compare). Products above a megaflop, on these kernels or on the `gemm` crate, are shared
@@ -80,7 +80,7 @@ static CBLAS_ENABLED: AtomicBool = AtomicBool::new(true);
 static SMALL_ENABLED: AtomicBool = AtomicBool::new(true);
 
 /// Turns the small-dimension kernels on or off (on by default; they only run on CPUs with
-/// AVX-512).
+/// AVX-512 or AVX2 with FMA).
 pub fn set_small_kernels_enabled(enabled: bool) {
     SMALL_ENABLED.store(enabled, Ordering::Relaxed);
 }
