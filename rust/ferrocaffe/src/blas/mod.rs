@@ -28,6 +28,7 @@ use std::sync::OnceLock;
 use crate::error::{Error, Result};
 
 mod pair;
+pub(crate) use pair::for_each_part;
 #[cfg(target_arch = "x86_64")]
 mod small;
 
@@ -158,6 +159,17 @@ pub fn backend() -> String {
 /// run GEMMs on several threads at once may prefer one.
 pub fn gemm_is_threaded() -> bool {
     active_cblas().is_some() || pair::available()
+}
+
+/// How many parts element-wise work on `rows` rows of `width` values each is worth cutting
+/// into for [`for_each_part`]: one below 16k values (the hand-off would cost more than it
+/// saves) or when a CBLAS library runs the products (its spinning workers own the cores).
+pub(crate) fn row_parts(rows: usize, width: usize) -> usize {
+    if rows * width < 1 << 14 || active_cblas().is_some() || !pair::available() {
+        1
+    } else {
+        rows.clamp(1, 4)
+    }
 }
 
 fn active_cblas() -> Option<&'static Cblas> {

@@ -185,6 +185,27 @@ pub(crate) fn run_parts(parts: usize, piece: &(dyn Fn(usize) + Sync)) {
     drop(finish);
 }
 
+/// Runs `f` once on each item (disjoint pieces of work: row ranges of the outputs, say),
+/// shared out like [`run_parts`]'s pieces. For element-wise work beside the products (an
+/// LSTM unit's rows, a bias broadcast), which would otherwise leave the second core idle.
+pub(crate) fn for_each_part<T: Send>(items: Vec<T>, f: &(dyn Fn(T) + Sync)) {
+    let slots: Vec<std::sync::Mutex<Option<T>>> = items
+        .into_iter()
+        .map(|t| std::sync::Mutex::new(Some(t)))
+        .collect();
+    run_parts(slots.len(), &|i| {
+        // Each index runs once, so the lock is never contended (nor poisoned by a
+        // panic elsewhere: run_parts propagates that panic instead).
+        let item = slots[i]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(t) = item {
+            f(t);
+        }
+    });
+}
+
 /// Takes the job back if the helper never picked it up, else waits for the helper to finish
 /// it; then releases the helper. Runs also when the caller's own piece unwinds (the job lives
 /// on the caller's stack).

@@ -18,6 +18,7 @@ pub fn register(r: &mut Registry) {
 }
 
 pub use crate::blas::sgemm;
+use crate::blas::{for_each_part, row_parts};
 
 struct Fc {
     axis: isize,
@@ -93,9 +94,13 @@ impl Fc {
             b.as_slice::<f32>()?,
         );
         let y = outs.tensor(0)?.ensure::<f32>(&y_dims);
-        for row in y.chunks_mut(n.max(1)) {
-            row.copy_from_slice(bs);
-        }
+        // The bias in every row (then Y += X W^T), rows shared with the GEMM helper thread.
+        let per = m.div_ceil(row_parts(m, n)).max(1) * n.max(1);
+        for_each_part(y.chunks_mut(per).collect(), &|part| {
+            for row in part.chunks_mut(n.max(1)) {
+                row.copy_from_slice(bs);
+            }
+        });
         sgemm(
             false,
             !self.transposed,
@@ -144,14 +149,18 @@ impl Fc {
             let db_t = outs.tensor(1)?;
             let beta = self.accumulated(1, db_t, &[n])?;
             let db = db_t.ensure::<f32>(&[n]);
-            if beta == 0.0 {
-                db.fill(0.0);
-            }
-            for row in dys.chunks(n.max(1)) {
-                for (d, v) in db.iter_mut().zip(row) {
-                    *d += v;
+            // Column sums of dY, in parts of columns (each column still summed in row order).
+            let per = n.div_ceil(row_parts(m, n)).max(1);
+            for_each_part(db.chunks_mut(per).enumerate().collect(), &|(p, db)| {
+                if beta == 0.0 {
+                    db.fill(0.0);
                 }
-            }
+                for row in dys.chunks(n.max(1)) {
+                    for (d, v) in db.iter_mut().zip(&row[p * per..]) {
+                        *d += v;
+                    }
+                }
+            });
         }
         if outs.len() > 2 {
             let dx = outs.tensor(2)?.ensure::<f32>(&x_dims);

@@ -8,6 +8,7 @@
 //! branch-free polynomial (within 2 ulp of the exact value over the clamped range) so the
 //! loops over a row vectorize. Inputs are read in place, without copies.
 
+use crate::blas::{for_each_part, row_parts};
 use crate::error::{Error, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
@@ -215,24 +216,32 @@ impl Unit {
             };
             let h = h.ensure::<f32>(&hd);
             let c = c.ensure::<f32>(&hd);
-            for (r, &ok) in valid.iter().enumerate() {
-                let rows = r * d..(r + 1) * d;
-                if ok {
-                    lstm_row(
-                        &c_prev[rows.clone()],
-                        &x[r * 4 * d..(r + 1) * 4 * d],
-                        fb,
-                        &mut h[rows.clone()],
-                        &mut c[rows],
-                    );
-                } else if drop {
-                    h[rows.clone()].fill(0.0);
-                    c[rows].fill(0.0);
-                } else {
-                    h[rows.clone()].copy_from_slice(&h_prev[rows.clone()]);
-                    c[rows.clone()].copy_from_slice(&c_prev[rows]);
+            // Rows in parts shared with the GEMM helper thread (each row is independent).
+            let per = n.div_ceil(row_parts(n, 4 * d)).max(1);
+            let parts: Vec<_> = (h.chunks_mut(per * d).zip(c.chunks_mut(per * d)))
+                .enumerate()
+                .collect();
+            for_each_part(parts, &|(p, (h, c))| {
+                for j in 0..h.len() / d {
+                    let r = p * per + j;
+                    let (rows, mine) = (r * d..(r + 1) * d, j * d..(j + 1) * d);
+                    if valid[r] {
+                        lstm_row(
+                            &c_prev[rows],
+                            &x[r * 4 * d..(r + 1) * 4 * d],
+                            fb,
+                            &mut h[mine.clone()],
+                            &mut c[mine],
+                        );
+                    } else if drop {
+                        h[mine.clone()].fill(0.0);
+                        c[mine].fill(0.0);
+                    } else {
+                        h[mine.clone()].copy_from_slice(&h_prev[rows.clone()]);
+                        c[mine].copy_from_slice(&c_prev[rows]);
+                    }
                 }
-            }
+            });
             return Ok(());
         }
         // Inputs after timestep: hidden_t, cell_t, hidden_t_grad, cell_t_grad.
@@ -257,32 +266,41 @@ impl Unit {
         let dh_prev = dh_prev.ensure::<f32>(&hd);
         let dc_prev = dc_prev.ensure::<f32>(&hd);
         let dx = dx.ensure::<f32>(&xd);
-        for (r, &ok) in valid.iter().enumerate() {
-            let rows = r * d..(r + 1) * d;
-            let xr = r * 4 * d..(r + 1) * 4 * d;
-            if ok {
-                dh_prev[rows.clone()].fill(0.0);
-                lstm_grad_row(
-                    &c_prev[rows.clone()],
-                    &x[xr.clone()],
-                    &c_t[rows.clone()],
-                    &dh[rows.clone()],
-                    &dc[rows.clone()],
-                    fb,
-                    &mut dc_prev[rows],
-                    &mut dx[xr],
-                );
-            } else {
-                dx[xr].fill(0.0);
-                if drop {
-                    dh_prev[rows.clone()].fill(0.0);
-                    dc_prev[rows].fill(0.0);
+        let per = n.div_ceil(row_parts(n, 4 * d)).max(1);
+        let parts: Vec<_> = (dh_prev.chunks_mut(per * d))
+            .zip(dc_prev.chunks_mut(per * d))
+            .zip(dx.chunks_mut(per * 4 * d))
+            .enumerate()
+            .collect();
+        for_each_part(parts, &|(p, ((dh_prev, dc_prev), dx))| {
+            for j in 0..dh_prev.len() / d {
+                let r = p * per + j;
+                let (rows, mine) = (r * d..(r + 1) * d, j * d..(j + 1) * d);
+                let xr = j * 4 * d..(j + 1) * 4 * d;
+                if valid[r] {
+                    dh_prev[mine.clone()].fill(0.0);
+                    lstm_grad_row(
+                        &c_prev[rows.clone()],
+                        &x[r * 4 * d..(r + 1) * 4 * d],
+                        &c_t[rows.clone()],
+                        &dh[rows.clone()],
+                        &dc[rows],
+                        fb,
+                        &mut dc_prev[mine],
+                        &mut dx[xr],
+                    );
                 } else {
-                    dh_prev[rows.clone()].copy_from_slice(&dh[rows.clone()]);
-                    dc_prev[rows.clone()].copy_from_slice(&dc[rows]);
+                    dx[xr].fill(0.0);
+                    if drop {
+                        dh_prev[mine.clone()].fill(0.0);
+                        dc_prev[mine].fill(0.0);
+                    } else {
+                        dh_prev[mine.clone()].copy_from_slice(&dh[rows.clone()]);
+                        dc_prev[mine].copy_from_slice(&dc[rows]);
+                    }
                 }
             }
-        }
+        });
         Ok(())
     }
 
