@@ -86,10 +86,13 @@ pub fn set_small_kernels_enabled(enabled: bool) {
     SMALL_ENABLED.store(enabled, Ordering::Relaxed);
 }
 
-/// Whether `sgemm` would run this product on the small-dimension kernels.
+/// The instruction set `sgemm` would run this product on with the small-dimension kernels.
 #[cfg(target_arch = "x86_64")]
-fn small_applies(trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize) -> bool {
-    SMALL_ENABLED.load(Ordering::Relaxed) && small::applies(trans_a, trans_b, m, n, k)
+fn small_kernels(trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize) -> Option<small::Isa> {
+    if !SMALL_ENABLED.load(Ordering::Relaxed) {
+        return None;
+    }
+    small::applies(trans_a, trans_b, m, n, k)
 }
 
 /// Loads a CBLAS shared library and uses its `sgemm` from now on. Loading the library that
@@ -267,8 +270,8 @@ pub fn sgemm(
     // A loaded CBLAS library (above) takes every product: its worker threads spin after each
     // call, and a second pool beside them would fight them for the cores.
     #[cfg(target_arch = "x86_64")]
-    if small_applies(trans_a, trans_b, m, n, k) {
-        small::sgemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+    if let Some(isa) = small_kernels(trans_a, trans_b, m, n, k) {
+        small::sgemm(isa, trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
         return;
     }
     gemm_crate(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
@@ -400,15 +403,24 @@ impl CrateGemm {
 mod tests {
     use super::*;
 
-    fn naive(ta: bool, tb: bool, m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
+    /// `op(A) op(B)` in float64 (row-major, tight): the reference for every kernel's tests.
+    pub(super) fn naive(
+        ta: bool,
+        tb: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[f32],
+        b: &[f32],
+    ) -> Vec<f64> {
         let mut c = vec![0.0; m * n];
         for i in 0..m {
             for j in 0..n {
-                let mut s = 0.0;
+                let mut s = 0.0f64;
                 for p in 0..k {
                     let av = if ta { a[p * m + i] } else { a[i * k + p] };
                     let bv = if tb { b[j * k + p] } else { b[p * n + j] };
-                    s += av * bv;
+                    s += av as f64 * bv as f64;
                 }
                 c[i * n + j] = s;
             }
@@ -427,12 +439,12 @@ mod tests {
                 let mut c = vec![f32::NAN; m * n];
                 gemm_crate(ta, tb, m, n, k, 1.0, &a, &b, 0.0, &mut c);
                 for (x, y) in c.iter().zip(&want) {
-                    assert!((x - y).abs() < 1e-5, "{ta} {tb}: {x} vs {y}");
+                    assert!((*x as f64 - y).abs() < 1e-5, "{ta} {tb}: {x} vs {y}");
                 }
                 // beta = 1 accumulates.
                 gemm_crate(ta, tb, m, n, k, 2.0, &a, &b, 1.0, &mut c);
                 for (x, y) in c.iter().zip(&want) {
-                    assert!((x - 3.0 * y).abs() < 1e-4);
+                    assert!((*x as f64 - 3.0 * y).abs() < 1e-4);
                 }
             }
         }

@@ -5,15 +5,6 @@ use std::arch::x86_64::*;
 
 use super::{tile_scalar, Tile};
 
-macro_rules! by_rows {
-    ($rows:expr, $v:literal, $t:expr, [$($r:literal)*]) => {
-        match $rows {
-            $($r => tile::<$r, $v>($t),)*
-            _ => tile_scalar($rows, $t),
-        }
-    };
-}
-
 /// Runs the kernel instantiated for `rows` rows and `v` vectors.
 ///
 /// # Safety

@@ -26,6 +26,17 @@ use std::sync::OnceLock;
 
 use super::pair::run_parts;
 
+/// `tile::<rows, v>(t)` of the kernel module it is expanded in, for each instantiated
+/// number of rows; other counts run on [`tile_scalar`].
+macro_rules! by_rows {
+    ($rows:expr, $v:literal, $t:expr, [$($r:literal)*]) => {
+        match $rows {
+            $($r => tile::<$r, $v>($t),)*
+            _ => tile_scalar($rows, $t),
+        }
+    };
+}
+
 mod avx2;
 mod avx512;
 
@@ -38,7 +49,7 @@ const PIECES: usize = 8;
 
 /// The vector instruction set the kernels run on.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Isa {
+pub(super) enum Isa {
     /// AVX-512F: 16 lanes, 32 registers.
     Avx512,
     /// AVX2 with FMA: 8 lanes, 16 registers.
@@ -103,9 +114,10 @@ impl Isa {
     }
 }
 
-/// Whether [`sgemm`] takes `op(A) (m x k) * op(B) (k x n)` (row-major, tight).
-pub(super) fn applies(trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize) -> bool {
-    Isa::detect().is_some_and(|isa| isa.fits(trans_a, trans_b, m, n, k))
+/// The instruction set [`sgemm`] runs `op(A) (m x k) * op(B) (k x n)` on (row-major, tight),
+/// or `None` where its kernels do not take the product (or the CPU has neither ISA).
+pub(super) fn applies(trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize) -> Option<Isa> {
+    Isa::detect().filter(|isa| isa.fits(trans_a, trans_b, m, n, k))
 }
 
 impl Isa {
@@ -126,31 +138,10 @@ impl Isa {
     }
 }
 
-/// `C = alpha * op(A) op(B) + beta * C` for the shapes [`applies`] accepts (row-major, tight
-/// leading dimensions; `beta == 0` overwrites `C`).
+/// `C = alpha * op(A) op(B) + beta * C` on `isa`, for the shapes [`applies`] accepts
+/// (row-major, tight leading dimensions; `beta == 0` overwrites `C`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn sgemm(
-    trans_a: bool,
-    trans_b: bool,
-    m: usize,
-    n: usize,
-    k: usize,
-    alpha: f32,
-    a: &[f32],
-    b: &[f32],
-    beta: f32,
-    c: &mut [f32],
-) {
-    debug_assert!(applies(trans_a, trans_b, m, n, k));
-    // `applies` said yes, so the CPU has an ISA.
-    if let Some(isa) = Isa::detect() {
-        sgemm_on(isa, trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
-    }
-}
-
-/// [`sgemm`] on the given instruction set (which the CPU must have).
-#[allow(clippy::too_many_arguments)]
-fn sgemm_on(
     isa: Isa,
     trans_a: bool,
     trans_b: bool,
@@ -163,6 +154,7 @@ fn sgemm_on(
     beta: f32,
     c: &mut [f32],
 ) {
+    debug_assert!(isa.fits(trans_a, trans_b, m, n, k));
     debug_assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
     let scalars = (alpha, beta);
     let c = c.as_mut_ptr();
@@ -366,23 +358,8 @@ unsafe fn tile_scalar(rows: usize, t: &Tile) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::naive;
     use super::*;
-
-    fn naive(ta: bool, tb: bool, m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f64> {
-        let mut c = vec![0.0; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                let mut s = 0.0f64;
-                for p in 0..k {
-                    let av = if ta { a[p * m + i] } else { a[i * k + p] };
-                    let bv = if tb { b[j * k + p] } else { b[p * n + j] };
-                    s += av as f64 * bv as f64;
-                }
-                c[i * n + j] = s;
-            }
-        }
-        c
-    }
 
     fn data(len: usize, seed: f32) -> Vec<f32> {
         (0..len)
@@ -412,7 +389,7 @@ mod tests {
         let tol = 1e-4 * (k as f64).sqrt();
         // beta = 0 overwrites (NaN included); beta = 1 and 0.5 accumulate; alpha scales.
         let mut c = vec![f32::NAN; m * n];
-        sgemm_on(isa, ta, tb, m, n, k, 1.0, &a, &b, 0.0, &mut c);
+        sgemm(isa, ta, tb, m, n, k, 1.0, &a, &b, 0.0, &mut c);
         for (i, (x, y)) in c.iter().zip(&want).enumerate() {
             assert!(
                 (*x as f64 - y).abs() < tol,
@@ -420,7 +397,7 @@ mod tests {
             );
         }
         let once = c.clone();
-        sgemm_on(isa, ta, tb, m, n, k, 2.0, &a, &b, 0.5, &mut c);
+        sgemm(isa, ta, tb, m, n, k, 2.0, &a, &b, 0.5, &mut c);
         for (x, y) in c.iter().zip(&want) {
             assert!(
                 (*x as f64 - 2.5 * y).abs() < 3.0 * tol,
@@ -434,7 +411,7 @@ mod tests {
     #[test]
     fn this_cpu_has_an_isa_for_the_kernels_or_they_are_off() {
         assert_eq!(Isa::detect(), Isa::all().first().copied());
-        assert_eq!(applies(false, true, 32, 1024, 256), Isa::detect().is_some());
+        assert_eq!(applies(false, true, 32, 1024, 256), Isa::detect());
     }
 
     #[test]
@@ -477,7 +454,7 @@ mod tests {
             let a = data(m * k, 3.0);
             let b = data(k * n, 4.0);
             let mut split = vec![0.0; m * n];
-            sgemm_on(isa, ta, tb, m, n, k, 1.0, &a, &b, 0.0, &mut split);
+            sgemm(isa, ta, tb, m, n, k, 1.0, &a, &b, 0.0, &mut split);
             // The same tiles in one block on this thread.
             let mut whole = vec![0.0; m * n];
             let (p, rows, q, cols, c) = if tb {
@@ -511,10 +488,10 @@ mod tests {
 
     #[test]
     fn shapes_outside_the_kernels_are_refused() {
-        assert!(!applies(true, true, 8, 8, 8));
-        assert!(!applies(false, false, 65, 100, 100));
-        assert!(!applies(true, false, 100, 100, 65));
-        assert!(!applies(false, false, 8, 0, 8));
+        assert!(applies(true, true, 8, 8, 8).is_none());
+        assert!(applies(false, false, 65, 100, 100).is_none());
+        assert!(applies(true, false, 100, 100, 65).is_none());
+        assert!(applies(false, false, 8, 0, 8).is_none());
         assert!(!Isa::Avx512.fits(false, false, 8, 15, 8));
         assert!(Isa::Avx2.fits(false, false, 8, 15, 8));
         assert!(!Isa::Avx2.fits(true, false, 100, 100, 32));
