@@ -29,6 +29,7 @@ use crate::error::{Error, Result};
 
 mod pair;
 pub(crate) use pair::for_each_part;
+pub use pair::single_threaded;
 #[cfg(target_arch = "x86_64")]
 mod small;
 

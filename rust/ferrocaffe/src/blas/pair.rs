@@ -159,11 +159,31 @@ fn wait_for_job(h: &Helper) -> usize {
     }
 }
 
+thread_local! {
+    /// Set inside [`single_threaded`]: this thread runs its pieces all by itself.
+    static SOLO: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with every product (and every [`for_each_part`]) it starts kept on this thread,
+/// the helper left alone. For callers that already run products on several threads at once
+/// (the RNN executor's workers): the helper spinning beside them would only take their cores.
+pub fn single_threaded<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SOLO.with(|s| s.set(self.0));
+        }
+    }
+    let _restore = Restore(SOLO.with(|s| s.replace(true)));
+    f()
+}
+
 /// Runs `piece(0) .. piece(parts - 1)`, each exactly once, on this thread and the helper
 /// thread (or all here when there is no helper or another caller has it). Returns after all.
 pub(crate) fn run_parts(parts: usize, piece: &(dyn Fn(usize) + Sync)) {
     let job = Job::new(piece, parts);
-    let Some(h) = helper().filter(|_| parts > 1) else {
+    let solo = SOLO.with(|s| s.get());
+    let Some(h) = helper().filter(|_| parts > 1 && !solo) else {
         job.work(true);
         return;
     };
@@ -278,5 +298,37 @@ mod tests {
             hits.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(hits.load(Ordering::Relaxed), 4);
+    }
+
+    #[test]
+    fn single_threaded_keeps_every_piece_and_part_on_the_caller_until_it_returns() {
+        let me = std::thread::current().id();
+        let ran_here = |parts: usize| {
+            let here = AtomicU64::new(0);
+            run_parts(parts, &|_| {
+                if std::thread::current().id() == me {
+                    here.fetch_add(1, Ordering::Relaxed);
+                }
+                // Long enough pieces that a helper would take some.
+                std::thread::sleep(Duration::from_micros(300));
+            });
+            here.load(Ordering::Relaxed)
+        };
+        let (inside, parts_inside) = single_threaded(|| {
+            let seen = std::sync::Mutex::new(Vec::new());
+            for_each_part((0..6).collect(), &|i: usize| {
+                seen.lock().unwrap().push((i, std::thread::current().id()));
+            });
+            (ran_here(8), seen.into_inner().unwrap())
+        });
+        assert_eq!(inside, 8);
+        assert_eq!(parts_inside.len(), 6);
+        assert!(parts_inside.iter().all(|&(_, t)| t == me));
+        // Restored afterwards (and after a panic inside): the helper takes pieces again.
+        let caught = std::panic::catch_unwind(|| single_threaded(|| panic!("inside")));
+        assert!(caught.is_err());
+        if available() {
+            assert!((0..200).any(|_| ran_here(8) < 8));
+        }
     }
 }
