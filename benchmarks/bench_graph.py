@@ -11,11 +11,14 @@ and the growth factor of ferrocaffe's time from one size to the next (10x more o
 about 10x). Each time includes freeing the function's result, except the "(result kept)"
 row, which frees it after the clock stops. For get_ssa, "(with gc)" adds the garbage
 collector's first pass over the result (it runs on the caller's next allocation, whoever
-pays it).
+pays it). "(floor: build result)" is what CPython itself takes to build and free an object
+graph equal to get_ssa's result (marshal.loads, all in C, garbage collector off): no get_ssa returning Caffe2's
+lists and tuples can be faster.
 """
 
 import argparse
 import gc
+import marshal
 import os
 import sys
 import time
@@ -189,13 +192,24 @@ def main():
         results[("(protobuf parse)", n)] = parse
         print("\n%d ops, %.1f MB serialized" % (n, len(data) / 1e6))
         print(
-            "%-24s %9s %9s %11s %8s"
-            % ("function", "ours ms", "(cpu ms)", "ref. ms", "ref./ours")
+            "%-24s %9s %9s %11s %8s" % ("function", "ours ms", "(cpu ms)", "ref. ms", "ref./ours")
         )
         print(
             "%-24s %9.2f %9.2f   (the protobuf runtime, for scale)" % ("(protobuf serialize)", *ser)
         )
         print("%-24s %9.2f %9.2f" % ("(protobuf parse)", *parse))
+        # What CPython alone takes to build (and free) an object graph equal to get_ssa's
+        # result, from C with no bytecode: a floor for any get_ssa returning Caffe2's types.
+        blob = marshal.dumps(core.get_ssa(net))
+        gc.disable()  # the collector would otherwise run over the new objects (not ours to pay)
+        floor = best_of(lambda: marshal.loads(blob), args.repeats)  # noqa: B023
+        kept = best_of(lambda: marshal.loads(blob), args.repeats, keep=True)  # noqa: B023
+        gc.enable()
+        results[("(floor: build result)", n)] = floor
+        print(
+            "%-24s %9.2f %9.2f   (marshal.loads of get_ssa's result; %.2f ms kept)"
+            % ("(floor: build result)", *floor, kept[0])
+        )
         py_repeats = max(1, min(args.repeats, 200_000 // (n * 2)))
         names = []
         for name, *fns in cases(net):
@@ -213,7 +227,7 @@ def main():
             "\ngrowth of the wall (cpu) time from one size to the next (linear: the ratio of sizes)"
         )
         print("%-24s%s" % ("function", "".join("%18s" % ("%d->%d" % p) for p in pairs)))
-        for name in ["(protobuf serialize)", "(protobuf parse)", *names]:
+        for name in ["(protobuf serialize)", "(protobuf parse)", "(floor: build result)", *names]:
             row = "".join(
                 "%11.1fx (%4.1fx)"
                 % (
