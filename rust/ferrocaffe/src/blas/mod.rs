@@ -165,15 +165,17 @@ pub fn gemm_is_threaded() -> bool {
     active_cblas().is_some() || pair::available()
 }
 
-/// How many parts element-wise work on `rows` rows of `width` values each is worth cutting
-/// into for [`for_each_part`]: one below 16k values (the hand-off would cost more than it
-/// saves) or when a CBLAS library runs the products (its spinning workers own the cores).
-pub(crate) fn row_parts(rows: usize, width: usize) -> usize {
-    if rows * width < 1 << 14 || active_cblas().is_some() || !pair::available() {
+/// How many of `items` (rows, or columns) go in each part when element-wise work of `work`
+/// values in all is cut up for [`for_each_part`]: all of them (one part) below 16k values,
+/// where the hand-off would cost more than it saves, or when a CBLAS library runs the
+/// products (its spinning workers own the cores); else about a quarter.
+pub(crate) fn part_len(items: usize, work: usize) -> usize {
+    let parts = if work < 1 << 14 || active_cblas().is_some() || !pair::available() {
         1
     } else {
-        rows.clamp(1, 4)
-    }
+        items.clamp(1, 4)
+    };
+    items.div_ceil(parts).max(1)
 }
 
 fn active_cblas() -> Option<&'static Cblas> {

@@ -18,7 +18,7 @@ pub fn register(r: &mut Registry) {
 }
 
 pub use crate::blas::sgemm;
-use crate::blas::{for_each_part, row_parts};
+use crate::blas::{for_each_part, part_len};
 
 struct Fc {
     axis: isize,
@@ -95,7 +95,7 @@ impl Fc {
         );
         let y = outs.tensor(0)?.ensure::<f32>(&y_dims);
         // The bias in every row (then Y += X W^T), rows shared with the GEMM helper thread.
-        let per = m.div_ceil(row_parts(m, n)).max(1) * n.max(1);
+        let per = part_len(m, m * n) * n.max(1);
         for_each_part(y.chunks_mut(per).collect(), &|part| {
             for row in part.chunks_mut(n.max(1)) {
                 row.copy_from_slice(bs);
@@ -150,7 +150,7 @@ impl Fc {
             let beta = self.accumulated(1, db_t, &[n])?;
             let db = db_t.ensure::<f32>(&[n]);
             // Column sums of dY, in parts of columns (each column still summed in row order).
-            let per = n.div_ceil(row_parts(m, n)).max(1);
+            let per = part_len(n, m * n);
             for_each_part(db.chunks_mut(per).enumerate().collect(), &|(p, db)| {
                 if beta == 0.0 {
                     db.fill(0.0);

@@ -8,7 +8,7 @@
 //! branch-free polynomial (within 2 ulp of the exact value over the clamped range) so the
 //! loops over a row vectorize. Inputs are read in place, without copies.
 
-use crate::blas::{for_each_part, row_parts};
+use crate::blas::{for_each_part, part_len};
 use crate::error::{Error, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
@@ -217,7 +217,7 @@ impl Unit {
             let h = h.ensure::<f32>(&hd);
             let c = c.ensure::<f32>(&hd);
             // Rows in parts shared with the GEMM helper thread (each row is independent).
-            let per = n.div_ceil(row_parts(n, 4 * d)).max(1);
+            let per = part_len(n, n * 4 * d);
             let parts: Vec<_> = (h.chunks_mut(per * d).zip(c.chunks_mut(per * d)))
                 .enumerate()
                 .collect();
@@ -266,7 +266,7 @@ impl Unit {
         let dh_prev = dh_prev.ensure::<f32>(&hd);
         let dc_prev = dc_prev.ensure::<f32>(&hd);
         let dx = dx.ensure::<f32>(&xd);
-        let per = n.div_ceil(row_parts(n, 4 * d)).max(1);
+        let per = part_len(n, n * 4 * d);
         let parts: Vec<_> = (dh_prev.chunks_mut(per * d))
             .zip(dc_prev.chunks_mut(per * d))
             .zip(dx.chunks_mut(per * 4 * d))
