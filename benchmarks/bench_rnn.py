@@ -7,6 +7,11 @@ op and its gradient), against a plain-numpy LSTM measured in the same run.
    RecurrentNetwork, loss, gradient ops) against numpy doing the same forward and backward
    with the input projection in one GEMM and one recurrent GEMM per step (and the recurrent
    weight gradient in one GEMM at the end). Target: ferrocaffe / numpy <= 0.5.
+   Beside it, the products alone ("GEMM floor"): the matrix products any LSTM forward and
+   backward has to do, batched wherever the recurrence allows (input projection, input
+   gradient and both weight gradients as one GEMM each; the recurrent product and its input
+   gradient once per step), each group timed on numpy and on ferrocaffe MatMul ops in the
+   same run, the faster counted. No implementation on this machine's GEMMs can go below it.
 2. executor gain: the same net with ``enable_rnn_executor`` 0 (step nets one after another)
    against 1 (the threaded executor), for 1 and 2 layers: on ferrocaffe's own GEMM with the
    default executor thread count (one: the GEMMs themselves use both cores) and with 2 threads,
@@ -182,6 +187,43 @@ def check_against_numpy(model, values, H):
         )
 
 
+def gemm_floor(T, N, D, H, repeat):
+    """The products alone of an LSTM forward + backward, per group the faster of numpy and
+    ferrocaffe (MatMul ops): ``(total, {group: (numpy, ferrocaffe)})`` in seconds."""
+    rng = np.random.default_rng(2)
+
+    def rand(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    blobs = dict(
+        x=rand(T * N, D), wx=rand(4 * H, D), wh=rand(4 * H, H), h=rand(N, H),
+        dg_t=rand(N, 4 * H), dg=rand(T * N, 4 * H), hs=rand(T * N, H),
+    )  # fmt: skip
+    b = blobs
+    groups = {  # group: (numpy, ferrocaffe MatMul ops as (A, B, trans_a, trans_b) repeated)
+        "per-step h W^T": (lambda: [b["h"] @ b["wh"].T for _ in range(T)], [("h", "wh", 0, 1)] * T),
+        "per-step dG W": (lambda: [b["dg_t"] @ b["wh"] for _ in range(T)], [("dg_t", "wh", 0, 0)] * T),
+        "batched X Wx^T, dG^T H, dG^T X, dG Wx": (
+            lambda: (b["x"] @ b["wx"].T, b["dg"].T @ b["hs"], b["dg"].T @ b["x"], b["dg"] @ b["wx"]),
+            [("x", "wx", 0, 1), ("dg", "hs", 1, 0), ("dg", "x", 1, 0), ("dg", "wx", 0, 0)],
+        ),
+    }  # fmt: skip
+    workspace.ResetWorkspace()
+    for name, value in blobs.items():
+        workspace.FeedBlob(name, value)
+    fns = []
+    for k, (ref, products) in enumerate(groups.values()):
+        net = core.Net("gemm_floor_%d" % k)
+        for j, (a, bb, ta, tb) in enumerate(products):
+            net.MatMul([a, bb], ["out_%d" % j], trans_a=ta, trans_b=tb)
+        workspace.CreateNet(net, overwrite=True)
+        name = net.Proto().name
+        fns += [ref, lambda name=name: workspace.RunNet(name)]
+    times = best_median(fns, repeat)
+    per_group = {label: (times[2 * k], times[2 * k + 1]) for k, label in enumerate(groups)}
+    return sum(min(pair) for pair in per_group.values()), per_group
+
+
 def create(model, enabled, threads, name):
     """A copy of the training net under ``name`` with the executor flag set; returns a runner."""
     proto = model.net.Proto().__class__()
@@ -230,6 +272,17 @@ def main(argv=None):
     print(
         "forward+backward: ferrocaffe %.2f ms, numpy %.2f ms, ratio %.3f (target <= 0.5)"
         % (ours * 1e3, ref * 1e3, ratio)
+    )
+    floor, per_group = gemm_floor(T, N, D, H, args.repeat)
+    for label, (t_np, t_ours) in per_group.items():
+        print(
+            "  GEMM floor, %s: numpy %.2f ms, ferrocaffe %.2f ms"
+            % (label, t_np * 1e3, t_ours * 1e3)
+        )
+    print(
+        "GEMM floor (products alone, faster of numpy/ferrocaffe per group): %.2f ms = %.3f of the "
+        "numpy reference (the 0.5 target needs <= %.2f ms for everything)"
+        % (floor * 1e3, floor / ref, 0.5 * ref * 1e3)
     )
 
     # The executor's gain over the step nets run one by one, per GEMM backend and executor
