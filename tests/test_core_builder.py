@@ -69,6 +69,29 @@ def test_blob_reference_copy_and_pickle():
     assert (b.GetNameScope(), b.GetUnscopedName()) == ("a/", "b")
 
 
+def test_blob_reference_hashes_and_compares_like_its_name():
+    a = core.BlobReference("fc/w")
+    assert hash(a) == hash("fc/w")
+    assert a == "fc/w" and a == b"fc/w" and a == core.BlobReference(b"fc/w")
+    assert a != "fc/b" and a != core.BlobReference("fc/b") and not (a != "fc/w")
+    assert a != 3 and a != None  # noqa: E711 - Caffe2's __eq__: anything else is unequal
+    assert core.BlobReference(7) == "7" and str(core.BlobReference(b"x")) == "x"
+    # Dicts keyed by references find them by name, and the other way round.
+    d = {a: 1, "b": 2}
+    assert d["fc/w"] == 1 and d[core.BlobReference("b")] == 2
+    # The name can be replaced (as Caffe2's attribute could be); hash follows it.
+    a._name = "other"
+    assert a == "other" and hash(a) == hash("other")
+    deep = copy.deepcopy({core.BlobReference("k"): core.BlobReference("v")})
+    ((k, v),) = deep.items()
+    assert (type(k), k, type(v), v) == (core.BlobReference, "k", core.BlobReference, "v")
+    m = core.BlobReference("m")
+    m.meta["x"] = 1
+    assert copy.deepcopy(m).meta == {"x": 1}
+    with pytest.raises(TypeError):
+        core.BlobReference("a") < core.BlobReference("b")  # noqa: B015 - no ordering
+
+
 def test_blob_reference_dir_lists_operators():
     names = dir(core.BlobReference("x"))
     assert "Relu" in names and "GetNameScope" in names

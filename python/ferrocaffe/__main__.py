@@ -200,19 +200,34 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     from ferrocaffe.char_rnn import Config
 
     d = Config()
-    parser.add_argument("--corpus", metavar="PATH", help="a UTF-8 text file to train on "
-                        "(default: the package's own sources and docs)")
+    parser.add_argument(
+        "--corpus",
+        metavar="PATH",
+        help="a UTF-8 text file to train on (default: the package's own sources and docs)",
+    )
     parser.add_argument("--hidden-size", type=int, default=d.hidden_size)
     parser.add_argument("--seq-length", type=int, default=d.seq_length)
     parser.add_argument("--batch-size", type=int, default=d.batch_size)
     parser.add_argument("--iterations", type=int, default=d.iterations)
     parser.add_argument("--learning-rate", type=float, default=d.learning_rate)
-    parser.add_argument("--max-seconds", type=float, default=d.max_seconds,
-                        help="stop training after this long (0: no limit)")
-    parser.add_argument("--threads", type=int, default=d.threads,
-                        help="RNN executor (and GEMM) threads; 0: automatic")
-    parser.add_argument("--sample-length", type=int, default=d.sample_length,
-                        help="characters of text to generate after training")
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=d.max_seconds,
+        help="stop training after this long (0: no limit)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=d.threads,
+        help="RNN executor (and GEMM) threads; 0: automatic",
+    )
+    parser.add_argument(
+        "--sample-length",
+        type=int,
+        default=d.sample_length,
+        help="characters of text to generate after training",
+    )
     parser.add_argument("--temperature", type=float, default=d.temperature)
     parser.add_argument("--seed", type=int, default=d.seed)
 
@@ -224,10 +239,16 @@ def _demo(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     config = Config(
-        hidden_size=args.hidden_size, seq_length=args.seq_length, batch_size=args.batch_size,
-        iterations=args.iterations, learning_rate=args.learning_rate, threads=args.threads,
+        hidden_size=args.hidden_size,
+        seq_length=args.seq_length,
+        batch_size=args.batch_size,
+        iterations=args.iterations,
+        learning_rate=args.learning_rate,
+        threads=args.threads,
         max_seconds=args.max_seconds,
-        sample_length=args.sample_length, temperature=args.temperature, seed=args.seed,
+        sample_length=args.sample_length,
+        temperature=args.temperature,
+        seed=args.seed,
     )
     try:
         run(config, args.corpus)
@@ -249,8 +270,7 @@ SUBCOMMANDS: dict[
         _inspect,
     ),
     "demo": (
-        "train a character-level LSTM (on the package's own sources by default) and "
-        "generate text",
+        "train a character-level LSTM (on the package's own sources by default) and generate text",
         _demo_arguments,
         _demo,
     ),

@@ -7,7 +7,7 @@ hashes like its name string.
 
 from collections import namedtuple
 
-from ferrocaffe import scope
+from ferrocaffe import _native, scope
 from ferrocaffe.proto import caffe2_pb2
 
 __all__ = [
@@ -34,8 +34,12 @@ for _name, _value in caffe2_pb2.TensorProto.DataType.items():
 del _name, _value
 
 
-class BlobReference:
+class BlobReference(_native.BlobName):
     """A reference to a blob by name, optionally tied to the net that defines or uses it.
+
+    The name (``_name``), hashing, comparison (equal to a str, bytes or reference holding the
+    same name) and ``str()`` live in the native base ``BlobName``, so that dicts keyed by
+    references cost what dicts keyed by strings do.
 
     ``meta`` is free-form metadata that helper code may attach to a reference: a dict of its
     own, created when first used (most references never use it, and the gradient map of a
@@ -43,36 +47,13 @@ class BlobReference:
     """
 
     # A reference without a net: the instance sets its own only when it has one, so that a
-    # plain reference holds nothing but its name (``_name``).
+    # plain reference holds nothing but its name.
     _from_net = None
 
     def __init__(self, name, net=None):
-        if isinstance(name, str):
-            self._name = name
-        elif isinstance(name, bytes):
-            self._name = name.decode("utf-8")
-        else:
-            self._name = str(name)
+        # The name was taken by BlobName.__new__.
         if net is not None:
             self._from_net = net
-
-    def __hash__(self):
-        return hash(self._name)
-
-    def __eq__(self, other):
-        if isinstance(other, str):
-            return self._name == other
-        if isinstance(other, bytes):
-            return self._name == other.decode("utf-8")
-        if isinstance(other, BlobReference):
-            return self._name == other._name
-        return False
-
-    def __ne__(self, other):
-        return not self == other
-
-    def __str__(self):
-        return self._name
 
     def __repr__(self):
         return f'BlobReference("{self._name}")'

@@ -243,26 +243,19 @@ def _ys_items(ys):
     raise TypeError("ys should either be a list or a dict.")
 
 
-_NATIVE_BLOB_REF = []
-
-
 def _native_blob_ref():
-    """``BlobReference`` when ``BlobReference(name)`` only sets ``_name`` (the name; a plain
-    reference takes ``_from_net`` from the class and creates ``meta`` on first use): the native
-    code then builds the references of the gradient map itself, the same objects without a
-    Python call each. None otherwise (the map comes back with names and ``_wrap_map`` converts
-    it)."""
-    if not _NATIVE_BLOB_REF:
-        cls = _BlobReference
-        ok = False
-        if cls is not None and cls.__new__ is object.__new__:
-            try:
-                probe = cls("probe")
-                ok = type(probe) is cls and vars(probe) == {"_name": "probe"}
-            except Exception:  # noqa: BLE001 - any surprise means: use the Python path
-                ok = False
-        _NATIVE_BLOB_REF.append(cls if ok else None)
-    return _NATIVE_BLOB_REF[0]
+    """``BlobReference`` when the native code can build its instances itself (the class
+    derives from ``_native.BlobName`` and keeps its ``__new__``, and its ``__init__`` does
+    nothing for a plain name): the same objects without a Python call each. None otherwise
+    (the map comes back with names and ``_wrap_map`` converts it)."""
+    cls = _BlobReference
+    if (
+        cls is not None
+        and issubclass(cls, _native.BlobName)
+        and cls.__new__ is _native.BlobName.__new__
+    ):
+        return cls
+    return None
 
 
 def _wrap_map(grads):

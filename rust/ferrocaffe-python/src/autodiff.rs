@@ -310,21 +310,25 @@ impl OutputNames {
     }
 }
 
-/// Builds `BlobReference(name)` objects: `cls.__new__(cls)` plus the one attribute that
-/// `BlobReference.__init__` sets for a plain name (`_name`), without a Python call per object.
-/// The Python caller passes the class only after checking that `cls.__new__` is
-/// `object.__new__` and that its `__init__` sets exactly that.
+/// Builds `BlobReference(name)` objects by calling the class's `tp_new` (`BlobName`'s, which
+/// stores the name) without its `__init__`, which for a plain name does nothing more. The
+/// Python caller passes the class only when it derives from `BlobName` without a `__new__` of
+/// its own.
 struct BlobRefs<'py> {
     py: Python<'py>,
     cls: Bound<'py, PyType>,
     new: pyo3::ffi::newfunc,
-    no_args: Bound<'py, PyTuple>,
-    name: Bound<'py, PyString>,
 }
 
 impl<'py> BlobRefs<'py> {
     fn new(cls: &Bound<'py, PyType>) -> PyResult<Self> {
         let py = cls.py();
+        if !cls.is_subclass_of::<crate::blob::BlobName>()? {
+            return Err(PyTypeError::new_err(format!(
+                "{} does not derive from BlobName",
+                cls.name()?
+            )));
+        }
         // SAFETY: `cls` is a live type object; `PyType_GetSlot` returns its `tp_new` (or null).
         let slot = unsafe { pyo3::ffi::PyType_GetSlot(cls.as_type_ptr(), pyo3::ffi::Py_tp_new) };
         if slot.is_null() {
@@ -339,25 +343,18 @@ impl<'py> BlobRefs<'py> {
             py,
             cls: cls.clone(),
             new,
-            no_args: PyTuple::empty(py),
-            name: PyString::intern(py, "_name"),
         })
     }
 
     fn make(&self, name: Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
-        // SAFETY: calling the type's own `tp_new` with an empty argument tuple and no keywords
-        // is what `cls.__new__(cls)` does; the result is a new reference or null with an
+        let args = PyTuple::new(self.py, [name])?;
+        // SAFETY: calling the type's own `tp_new` with a live argument tuple and no keywords
+        // is what `cls.__new__(cls, name)` does; the result is a new reference or null with an
         // exception set.
-        let obj = unsafe {
-            let ptr = (self.new)(
-                self.cls.as_type_ptr(),
-                self.no_args.as_ptr(),
-                std::ptr::null_mut(),
-            );
-            Bound::from_owned_ptr_or_err(self.py, ptr)?
-        };
-        obj.setattr(&self.name, name)?;
-        Ok(obj)
+        unsafe {
+            let ptr = (self.new)(self.cls.as_type_ptr(), args.as_ptr(), std::ptr::null_mut());
+            Bound::from_owned_ptr_or_err(self.py, ptr)
+        }
     }
 }
 

@@ -9,6 +9,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod autodiff;
 mod blas;
+mod blob;
 mod errors;
 mod graph;
 
@@ -51,6 +52,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(message_names, m)?)?;
     errors::register(m)?;
     graph::register(m)?;
+    blob::register(m)?;
     autodiff::register(m)?;
     blas::register(m)?;
     workspace::register(m)?;
