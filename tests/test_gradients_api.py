@@ -253,3 +253,20 @@ def test_gradient_map_holds_plain_blob_references():
             _ = grads["x"].Relu
     with_net = BlobReference("b", net=net)
     assert with_net.Net() is net and with_net.meta == {}
+
+
+def test_native_gradient_map_converts_like_add_gradient_operators():
+    from ferrocaffe import _native
+
+    net = core.Net("gmap")
+    net.FC(["x", "w", "b"], "y")
+    net.SumElements("y", "loss")
+    grads = net.AddGradientOperators(["loss"])
+    pairs = [(str(k), str(v)) for k, v in grads.items()]
+    native = _native.GradientMap(pairs)
+    as_refs = native.to_dict(blob_ref=core.BlobReference)
+    assert as_refs == grads and list(as_refs) == list(grads)
+    assert all(type(k) is core.BlobReference for k in as_refs)
+    assert all(type(v) is core.BlobReference for v in as_refs.values())
+    assert native.to_dict() == dict(pairs)
+    assert all(type(k) is str for k in native.to_dict())

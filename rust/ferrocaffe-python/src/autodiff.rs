@@ -545,7 +545,41 @@ fn ir_state<'py>(
 }
 
 /// Adds the autodiff functions to the module.
+/// A gradient map held natively, converted to a dict on demand by the same code as
+/// `backward_pass_net`'s result: the conversion alone, for the result floor that
+/// `benchmarks/bench_gradients.py` reports.
+#[pyclass(module = "ferrocaffe._native")]
+struct GradientMap {
+    entries: Vec<(String, GradRef)>,
+}
+
+#[pymethods]
+impl GradientMap {
+    /// `entries`: `(blob, dense gradient)` name pairs.
+    #[new]
+    fn new(entries: Vec<(String, String)>) -> Self {
+        GradientMap {
+            entries: entries
+                .into_iter()
+                .map(|(b, g)| (b, GradRef::Dense(g)))
+                .collect(),
+        }
+    }
+
+    /// The dict `backward_pass_net` would return for this map.
+    #[pyo3(signature = (slice_type=None, blob_ref=None))]
+    fn to_dict<'py>(
+        &self,
+        py: Python<'py>,
+        slice_type: Option<Bound<'py, PyAny>>,
+        blob_ref: Option<Bound<'py, PyType>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        grad_map_to_py(py, &self.entries, slice_type.as_ref(), blob_ref.as_ref())
+    }
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<GradientMap>()?;
     m.add_function(wrap_pyfunction!(backward_pass, m)?)?;
     m.add_function(wrap_pyfunction!(backward_pass_net, m)?)?;
     m.add_function(wrap_pyfunction!(gradient_for_op, m)?)?;
