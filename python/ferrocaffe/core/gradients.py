@@ -19,13 +19,8 @@ from collections import defaultdict, namedtuple
 from contextlib import contextmanager
 
 from ferrocaffe import _native
-from ferrocaffe.core.blob import GradientSlice
+from ferrocaffe.core.blob import BlobReference, GradientSlice
 from ferrocaffe.proto import caffe2_pb2
-
-try:  # BlobReference lives in core.blob once that module is complete.
-    from ferrocaffe.core.blob import BlobReference as _BlobReference
-except ImportError:  # pragma: no cover - depends on the merge state of core.blob
-    _BlobReference = None
 
 __all__ = [
     "GradientRegistry",
@@ -127,7 +122,7 @@ def _input_grad(g, where):
                 f"{where}: a sparse gradient must be an (indices, values) pair, got {g!r}"
             )
         return (_name(g[0]), _name(g[1]))
-    if _BlobReference is not None and isinstance(g, _BlobReference):
+    if isinstance(g, BlobReference):
         return _name(g)
     raise TypeError(
         f"{where}: an input gradient must be None, a blob name or a GradientSlice, "
@@ -243,41 +238,11 @@ def _ys_items(ys):
     raise TypeError("ys should either be a list or a dict.")
 
 
-def _native_blob_ref():
-    """``BlobReference`` when the native code can build its instances itself (the class
-    derives from ``_native.BlobName`` and keeps its ``__new__``, and its ``__init__`` does
-    nothing for a plain name): the same objects without a Python call each. None otherwise
-    (the map comes back with names and ``_wrap_map`` converts it)."""
-    cls = _BlobReference
-    if (
-        cls is not None
-        and issubclass(cls, _native.BlobName)
-        and cls.__new__ is _native.BlobName.__new__
-    ):
-        return cls
-    return None
-
-
-def _wrap_map(grads):
-    """The gradient map as Caffe2 returned it: BlobReferences (once core.blob has them)."""
-    if _BlobReference is None:
-        return grads
-    return {
-        _BlobReference(k): (
-            GradientSlice(_BlobReference(v.indices), _BlobReference(v.values))
-            if isinstance(v, GradientSlice)
-            else _BlobReference(v)
-        )
-        for k, v in grads.items()
-    }
-
-
 def _backward(operators, ys, with_state, functions=None):
     items = _ys_items(ys)
     ns, dev = _scopes()
     if functions is None:
         functions = GradientRegistry._functions()
-    blob_ref = _native_blob_ref()
     with _no_gc():
         ops_bytes = [op.SerializeToString() for op in operators]
         net_bytes, grads, state = _native.backward_pass(
@@ -290,11 +255,11 @@ def _backward(operators, ys, with_state, functions=None):
             dev,
             with_state,
             GradientSlice,
-            blob_ref,
+            # The native code builds the map's references itself, through BlobName's
+            # constructor (BlobReference's __init__ adds nothing for a plain name).
+            BlobReference,
         )
         grad_ops = _ops_from_net(net_bytes)
-        if blob_ref is None:
-            grads = _wrap_map(grads)
     return grad_ops, grads, state
 
 
@@ -306,7 +271,6 @@ def add_gradient_operators(net_proto, ys, skip=0, outputs=None):
     """
     items = _ys_items(ys)
     ns, dev = _scopes()
-    blob_ref = _native_blob_ref()
     with _no_gc():
         grad_net, grads = _native.backward_pass_net(
             net_proto.SerializeToString(),
@@ -318,12 +282,10 @@ def add_gradient_operators(net_proto, ys, skip=0, outputs=None):
             ns,
             dev,
             GradientSlice,
-            blob_ref,
+            BlobReference,
             outputs,
         )
         net_proto.MergeFromString(grad_net)
-        if blob_ref is None:
-            grads = _wrap_map(grads)
     return grads
 
 
