@@ -90,6 +90,11 @@ def test_blob_reference_hashes_and_compares_like_its_name():
     assert copy.deepcopy(m).meta == {"x": 1}
     with pytest.raises(TypeError):
         core.BlobReference("a") < core.BlobReference("b")  # noqa: B015 - no ordering
+    # Bytes that are not UTF-8 raise as Caffe2's .decode("utf-8") did.
+    with pytest.raises(UnicodeDecodeError):
+        core.BlobReference(b"\xff")
+    with pytest.raises(UnicodeDecodeError):
+        core.BlobReference("a") == b"\xff"  # noqa: B015
 
 
 def test_blob_reference_dir_lists_operators():

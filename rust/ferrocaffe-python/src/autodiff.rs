@@ -311,9 +311,8 @@ impl OutputNames {
 }
 
 /// Builds `BlobReference(name)` objects by calling the class's `tp_new` (`BlobName`'s, which
-/// stores the name) without its `__init__`, which for a plain name does nothing more. The
-/// Python caller passes the class only when it derives from `BlobName` without a `__new__` of
-/// its own.
+/// stores the name) without its `__init__`, which for a plain name does nothing more. Any
+/// class deriving from `BlobName` is accepted.
 struct BlobRefs<'py> {
     py: Python<'py>,
     cls: Bound<'py, PyType>,
@@ -544,7 +543,6 @@ fn ir_state<'py>(
     state_to_py(py, state.py()?)
 }
 
-/// Adds the autodiff functions to the module.
 /// A gradient map held natively, converted to a dict on demand by the same code as
 /// `backward_pass_net`'s result: the conversion alone, for the result floor that
 /// `benchmarks/bench_gradients.py` reports.
@@ -578,6 +576,7 @@ impl GradientMap {
     }
 }
 
+/// Adds the autodiff functions and classes to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<GradientMap>()?;
     m.add_function(wrap_pyfunction!(backward_pass, m)?)?;

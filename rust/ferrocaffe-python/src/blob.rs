@@ -11,6 +11,12 @@ pub struct BlobName {
     name: Py<PyString>,
 }
 
+/// `b.decode("utf-8")`, with Python's error for bytes that are not UTF-8.
+fn decoded<'py>(b: &Bound<'py, PyBytes>) -> PyResult<Bound<'py, PyString>> {
+    Ok(b.call_method1("decode", ("utf-8",))?
+        .cast_into::<PyString>()?)
+}
+
 /// The name of `BlobReference(name)`: a str as is, bytes decoded as UTF-8, anything else
 /// `str(name)` (a `BlobName` gives its own name).
 fn name_of<'py>(name: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>> {
@@ -18,9 +24,7 @@ fn name_of<'py>(name: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>> {
         return Ok(s.clone());
     }
     if let Ok(b) = name.cast::<PyBytes>() {
-        let text = std::str::from_utf8(b.as_bytes())
-            .map_err(|e| pyo3::exceptions::PyUnicodeDecodeError::new_err(e.to_string()))?;
-        return Ok(PyString::new(name.py(), text));
+        return decoded(b);
     }
     name.str()
 }
@@ -65,7 +69,7 @@ impl BlobName {
             return mine.as_any().eq(s);
         }
         if let Ok(b) = other.cast::<PyBytes>() {
-            return Ok(std::str::from_utf8(b.as_bytes()).ok() == Some(mine.to_str()?));
+            return mine.as_any().eq(decoded(b)?);
         }
         if let Ok(r) = other.cast::<BlobName>() {
             return mine.as_any().eq(r.borrow().name.bind(py));
