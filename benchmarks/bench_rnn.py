@@ -12,6 +12,8 @@ op and its gradient), against a plain-numpy LSTM measured in the same run.
    gradient and both weight gradients as one GEMM each; the recurrent product and its input
    gradient once per step), each group timed on numpy and on ferrocaffe MatMul ops in the
    same run, the faster counted. No implementation on this machine's GEMMs can go below it.
+   Where PyTorch is installed (it is not a dependency), its CPU ``nn.LSTM`` doing the same
+   forward and backward is timed in the same run too: the issue's "PyTorch level".
 2. executor gain: the same net with ``enable_rnn_executor`` 0 (step nets one after another)
    against 1 (the threaded executor), for 1 and 2 layers: on ferrocaffe's own GEMM with the
    default executor thread count (one: the GEMMs themselves use both cores) and with 2 threads,
@@ -159,6 +161,42 @@ def numpy_lstm(x, h0, c0, wx, bx, wh, bh):
     return loss, {"wx": dwx, "bx": db, "wh": dwh, "bh": db, "x": dx, "h0": dh, "c0": dc}
 
 
+def torch_lstm(values, params, T, N, D, H):
+    """PyTorch's CPU ``nn.LSTM`` with the same weights, forward and backward of the same loss
+    (``None`` where PyTorch is not installed). Checked against numpy before it is timed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    lstm = torch.nn.LSTM(D, H)
+    # Caffe2's gate order is (i, f, o, g); PyTorch's is (i, f, g, o).
+    order = np.r_[0 : 2 * H, 3 * H : 4 * H, 2 * H : 3 * H]
+    with torch.no_grad():
+        lstm.weight_ih_l0.copy_(torch.from_numpy(params["i2h_w"][order]))
+        lstm.bias_ih_l0.copy_(torch.from_numpy(params["i2h_b"][order]))
+        lstm.weight_hh_l0.copy_(torch.from_numpy(params["gates_t_w"][order]))
+        lstm.bias_hh_l0.copy_(torch.from_numpy(params["gates_t_b"][order]))
+    x = torch.from_numpy(values["input"]).requires_grad_(True)
+    state = (torch.from_numpy(values["h0"]), torch.from_numpy(values["c0"]))
+    wanted = [x] + list(lstm.parameters())
+
+    def run():
+        out, _ = lstm(x, state)
+        loss = (out * out).mean()
+        return loss, torch.autograd.grad(loss, wanted)
+
+    loss, grads = run()
+    want_loss, want = numpy_lstm(
+        values["input"], values["h0"][0], values["c0"][0], params["i2h_w"], params["i2h_b"],
+        params["gates_t_w"], params["gates_t_b"],
+    )  # fmt: skip
+    loss = float(loss.detach())
+    assert abs(loss - want_loss) <= 1e-3 * abs(want_loss), (loss, want_loss)
+    np.testing.assert_allclose(grads[0].numpy(), want["x"], rtol=2e-3, atol=1e-6)
+    np.testing.assert_allclose(grads[2].numpy()[order], want["wh"], rtol=2e-3, atol=1e-6)
+    return run
+
+
 def check_against_numpy(model, values, H):
     """The ferrocaffe run must match numpy (one layer)."""
     p = {name.split("/")[-1]: values[name] for name in params_of(model)}
@@ -267,12 +305,22 @@ def main(argv=None):
             p["gates_t_b"],
         )
 
-    ours, ref = best_median([run_ours, run_numpy], args.repeat)
+    run_torch = torch_lstm(values, p, T, N, D, H)
+    fns = [run_ours, run_numpy] + ([run_torch] if run_torch else [])
+    times = best_median(fns, args.repeat)
+    ours, ref = times[:2]
     ratio = ours / ref
     print(
         "forward+backward: ferrocaffe %.2f ms, numpy %.2f ms, ratio %.3f (target <= 0.5)"
         % (ours * 1e3, ref * 1e3, ratio)
     )
+    if run_torch:
+        print(
+            "  PyTorch CPU nn.LSTM (same weights, loss and gradients): %.2f ms, ratio %.3f to "
+            "numpy; ferrocaffe / PyTorch %.3f" % (times[2] * 1e3, times[2] / ref, ours / times[2])
+        )
+    else:
+        print("  PyTorch CPU nn.LSTM: not timed (PyTorch is not installed)")
     floor, per_group = gemm_floor(T, N, D, H, args.repeat)
     for label, (t_np, t_ours) in per_group.items():
         print(
