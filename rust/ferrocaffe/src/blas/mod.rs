@@ -27,6 +27,8 @@ use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
 
+mod constant;
+pub use constant::{hold_constant, ConstantOperands};
 mod pair;
 pub(crate) use pair::for_each_part;
 pub use pair::single_threaded;

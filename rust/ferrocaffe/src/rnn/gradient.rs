@@ -421,6 +421,8 @@ impl Operator for RecurrentNetworkGradient {
         let bwd: Vec<Arc<Workspace>> = (0..t_len)
             .map(|t| self.backward_workspace(t, &fwd[t]))
             .collect();
+        // The weights are read by every step: their packed forms are made once.
+        let _held = steps::hold_params(&ws, self.params.iter().map(|p| p.param.as_str()));
         if let Some(ex) = &mut self.executor {
             for t in (0..t_len).rev() {
                 ex.ensure_timestep(t, &bwd[t])?;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::blas::{hold_constant, ConstantOperands};
 use crate::error::{Error, Result};
 use crate::proto::NetDef;
 use crate::tensor::Tensor;
@@ -26,6 +27,23 @@ impl OtherBlob for Scratch {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+}
+
+/// Holds the tensors of the blobs `names` (an RNN op's parameters, which the step nets read at
+/// every timestep) constant while the guard lives, so that products reuse their packed forms
+/// ([`hold_constant`]). Blobs that are missing or hold no tensor are skipped: the step that
+/// reads them reports it.
+pub fn hold_params<'a>(
+    ws: &Workspace,
+    names: impl IntoIterator<Item = &'a str>,
+) -> ConstantOperands {
+    let snapshots = names
+        .into_iter()
+        .filter_map(|name| match &*ws.get_blob(name)?.read() {
+            Blob::Tensor(t) => Some(t.snapshot()),
+            _ => None,
+        });
+    hold_constant(snapshots.collect::<Vec<_>>())
 }
 
 /// The step workspaces a blob holds, if it holds some.

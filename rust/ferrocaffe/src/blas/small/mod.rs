@@ -17,7 +17,9 @@
 //! - where `Q` is wide (rows 512 bytes or more apart: `dX = dY W` reads a `1024 x 256`
 //!   weight as `Q`) and deep, the columns a tile covers are first copied into a tight strip
 //!   that all the tiles of those columns then read: rows a kilobyte apart fall in a few cache
-//!   sets and defeat the prefetchers (the copy made that product ~25% faster on Zen 3).
+//!   sets and defeat the prefetchers (the copy made that product ~25% faster on Zen 3);
+//!   an operand held constant ([`super::constant`]: an RNN's weight over its timesteps) is
+//!   cut in those strips once and read from them by every product.
 //!
 //! Products above a megaflop are cut in about [`PIECES`] pieces (disjoint parts of `C`, along
 //! the dimension that splits the large operand) shared out between the caller and a helper
@@ -28,6 +30,7 @@
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
+use super::constant::{self, Strips};
 use super::pair::run_parts;
 
 /// `tile::<rows, v>(t)` of the kernel module it is expanded in, for each instantiated
@@ -98,6 +101,15 @@ impl Isa {
         }
     }
 
+    /// The width of the column strips of a held operand: the tile width of the strips'
+    /// blocks (pieces start at multiples of 48, a multiple of both).
+    fn strip_width(self) -> usize {
+        match self {
+            Isa::Avx512 => 48,
+            Isa::Avx2 => 16,
+        }
+    }
+
     /// Whether the kernels of this ISA take the product.
     fn fits(self, trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize) -> bool {
         if m == 0 || n == 0 || k == 0 {
@@ -164,6 +176,7 @@ pub(super) fn sgemm(
                 scalars,
                 c: Strided::new(c.cast_const(), 1, n),
                 copy_strips: copies_strips(m, k),
+                strips: None,
             };
             p.run();
         });
@@ -174,6 +187,10 @@ pub(super) fn sgemm(
     } else {
         Strided::new(a.as_ptr(), k, 1)
     };
+    let copy_strips = copies_strips(n, k);
+    let held = copy_strips
+        .then(|| constant::strips(&b[..k * n], k, n, isa.strip_width()))
+        .flatten();
     Problem {
         isa,
         p,
@@ -183,7 +200,8 @@ pub(super) fn sgemm(
         k,
         scalars,
         c: Strided::new(c.cast_const(), n, 1),
-        copy_strips: copies_strips(n, k),
+        copy_strips,
+        strips: held.as_deref(),
     }
     .run();
 }
@@ -249,7 +267,7 @@ impl Strided {
 }
 
 /// `C (rows x cols) = alpha * P (rows x k) Q (k x cols, row-major, tight) + beta * C`.
-struct Problem {
+struct Problem<'a> {
     isa: Isa,
     p: Strided,
     rows: usize,
@@ -262,13 +280,15 @@ struct Problem {
     /// Whether each column strip of `Q` is copied tight before its tiles run
     /// ([`copies_strips`]; the same products either way).
     copy_strips: bool,
+    /// `Q` cut in column strips already (a held operand): tiles read those instead.
+    strips: Option<&'a Strips>,
 }
 
 // SAFETY: the two threads that share a `Problem` write disjoint rows or columns of `C` and
 // only read `P` and `Q`, which outlive the call.
-unsafe impl Sync for Problem {}
+unsafe impl Sync for Problem<'_> {}
 
-impl Problem {
+impl Problem<'_> {
     fn run(&self) {
         if 2 * self.rows * self.cols * self.k < SPLIT_FLOPS {
             self.block(0, self.rows, 0, self.cols);
@@ -296,7 +316,10 @@ impl Problem {
         let lanes = self.isa.lanes();
         let mut c = c0;
         while c < c1 {
-            let width = self.isa.tile_width(c1 - c);
+            let width = match self.strips {
+                Some(s) => s.width().min(c1 - c),
+                None => self.isa.tile_width(c1 - c),
+            };
             let v = width.div_ceil(lanes);
             // The rows in tiles of at most max_rows, as even as they come (32 rows in tiles
             // of 6: 5 5 5 5 6 6, not five 6s and a 2).
@@ -304,7 +327,9 @@ impl Problem {
             let tight = self.copy_strips && tiles > 1 && self.cols > width;
             STRIP.with(|strip| {
                 let mut strip = strip.borrow_mut();
-                let (q, qld) = if tight {
+                let (q, qld) = if let Some(s) = self.strips {
+                    (s.at(c), width)
+                } else if tight {
                     self.copy_strip(c, width, &mut strip);
                     (strip.as_ptr(), width)
                 } else {
@@ -504,8 +529,10 @@ mod tests {
                 let c = Strided::new(whole.as_mut_ptr().cast_const(), n, 1);
                 (p, m, b.clone(), n, c)
             };
-            // With and without copying the strips of Q tight: the same bits.
-            for copy_strips in [false, true] {
+            // With and without copying the strips of Q tight, and from Q cut in strips
+            // beforehand (a held operand): the same bits.
+            let packed = Strips::pack(&q, k, cols, isa.strip_width());
+            for (copy_strips, strips) in [(false, None), (true, None), (false, Some(&packed))] {
                 whole.fill(f32::NAN);
                 let prob = Problem {
                     isa,
@@ -517,9 +544,14 @@ mod tests {
                     scalars: (1.0, 0.0),
                     c,
                     copy_strips,
+                    strips,
                 };
                 prob.block(0, rows, 0, cols);
-                assert_eq!(split, whole, "{isa:?} {ta}{tb} {m}x{n}x{k} {copy_strips}");
+                let held = strips.is_some();
+                assert_eq!(
+                    split, whole,
+                    "{isa:?} {ta}{tb} {m}x{n}x{k} {copy_strips} {held}"
+                );
             }
         }
     }
