@@ -21,6 +21,7 @@
 use std::sync::Arc;
 
 use super::config::{self, rename_in_net};
+use super::deferred::{self, Deferred};
 use super::executor::RnnExecutor;
 use super::forward::executor_for;
 use super::steps;
@@ -53,6 +54,8 @@ struct RecurrentNetworkGradient {
     /// Whether the sequence gradient is zeroed before the steps (not when every step fully
     /// writes its row: see [`steps_overwrite`]).
     zero_seq_grad: bool,
+    /// Parameter gradients summed after the steps instead of in them ([`deferred`]).
+    deferred: Vec<Deferred>,
     executor: Option<RnnExecutor>,
     /// Per timestep: (forward step workspace, the backward workspace made as its child).
     bwd: Vec<Option<(Arc<Workspace>, Arc<Workspace>)>>,
@@ -226,6 +229,7 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         ));
         step_net.external_input.push(p.grad.clone());
     }
+    let deferred = deferred::plan(&mut step_net, &links);
     let seq_input = def
         .input
         .get(ng)
@@ -242,6 +246,7 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         num_grad_inputs: ng,
         seq_grad,
         zero_seq_grad,
+        deferred,
         executor,
         bwd: Vec::new(),
     }))
@@ -432,6 +437,9 @@ impl Operator for RecurrentNetworkGradient {
             for t in (0..t_len).rev() {
                 steps::run_step_net(&bwd[t], &self.step_net, &self.timestep, t)?;
             }
+        }
+        for d in &self.deferred {
+            d.finish(&ws, t_len)?;
         }
         for (i, (rg, &input)) in self.rgs.iter().zip(&self.recurrent_ids).enumerate() {
             let init = read_tensor(ctx.input_handle(input), ctx.input_name(input))?;

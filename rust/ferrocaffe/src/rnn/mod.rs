@@ -26,6 +26,7 @@
 
 pub mod analysis;
 pub mod config;
+pub mod deferred;
 pub mod executor;
 pub mod fetcher;
 pub mod forward;

@@ -29,11 +29,18 @@ struct Fc {
     /// instead of overwriting it. Set through [`ACCUMULATE_ARG`] by `RecurrentNetworkGradient`,
     /// which sums parameter gradients over timesteps this way (no per-step temporary).
     accumulate: [bool; 2],
+    /// Gradient ops only: leave dW (output 0) and/or db (output 1) alone; set through
+    /// [`DEFERRED_ARG`] by `RecurrentNetworkGradient`, which sums them after the steps.
+    deferred: [bool; 2],
 }
 
 /// Internal argument of `FCGradient` / `FCTransposedGradient`: output indices (0: dW, 1: db)
 /// to accumulate into, which must already hold a tensor of the right shape.
 pub const ACCUMULATE_ARG: &str = "rnn_internal_accumulate_outputs";
+
+/// Internal argument of `FCGradient`: output indices (0: dW, 1: db) not computed here
+/// (`RecurrentNetworkGradient` adds them up over all timesteps in one product afterwards).
+pub const DEFERRED_ARG: &str = "rnn_internal_deferred_outputs";
 
 fn canonical(axis: isize, nd: usize) -> Option<usize> {
     let a = if axis < 0 { axis + nd as isize } else { axis };
@@ -135,7 +142,7 @@ impl Fc {
         );
         let w_dims = w.dims().to_vec();
         let x_dims = x.dims().to_vec();
-        {
+        if !self.deferred[0] {
             let dw_t = outs.tensor(0)?;
             let beta = self.accumulated(0, dw_t, &w_dims)?;
             let dw = dw_t.ensure::<f32>(&w_dims);
@@ -145,7 +152,7 @@ impl Fc {
                 sgemm(true, false, n, k, m, 1.0, dys, xs, beta, dw);
             }
         }
-        {
+        if !self.deferred[1] {
             let db_t = outs.tensor(1)?;
             let beta = self.accumulated(1, db_t, &[n])?;
             let db = db_t.ensure::<f32>(&[n]);
@@ -210,6 +217,10 @@ fn create(init: &OpInit<'_>, transposed: bool, gradient: bool) -> Result<Box<dyn
         gradient,
         accumulate: {
             let outs = init.args.ints(ACCUMULATE_ARG);
+            [outs.contains(&0), outs.contains(&1)]
+        },
+        deferred: {
+            let outs = init.args.ints(DEFERRED_ARG);
             [outs.contains(&0), outs.contains(&1)]
         },
     }))
