@@ -15,8 +15,12 @@
 //! with each parameter gradient renamed `<grad>_tmpstep`, and per parameter an
 //! `rnn_internal_accumulate_param_gradient` adding that into the parameter gradient (Caffe2
 //! appends a `Sum`; the result is the same, element by element) — except where an
-//! `FCGradient` alone writes the parameter gradient: it then adds into it directly. Afterwards each initial-state gradient is copied from the
-//! first rows of its state gradient buffer.
+//! `FCGradient` alone writes the parameter gradient: it then adds into it directly, or, where
+//! its operands are linked rows that stay as the step left them, leaves it to one product over
+//! all timesteps after the steps ([`super::deferred`]). The parameters are held constant over
+//! the steps, so products reuse their packed forms ([`crate::blas::hold_constant`]).
+//! Afterwards each initial-state gradient is copied from the first rows of its state gradient
+//! buffer.
 
 use std::sync::Arc;
 

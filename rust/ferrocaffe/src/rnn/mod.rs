@@ -15,7 +15,9 @@
 //! * The gradient op zeroes the parameter gradients, adds an accumulation per parameter to the
 //!   backward step net (`<param_grad>_tmpstep` into `<param_grad>`, as Caffe2's `Sum`), an
 //!   `rnn_internal_accumulate_gradient_input` per state whose `_all` output receives a
-//!   gradient, and copies the initial-state gradients out at the end. Its step blobs live in
+//!   gradient, and copies the initial-state gradients out at the end. Where an `FCGradient`
+//!   adds into a parameter gradient from linked rows, the sum over timesteps is one product
+//!   after the steps instead ([`deferred`]). Its step blobs live in
 //!   child workspaces of the forward step workspaces, so the forward ones keep only what the
 //!   forward pass made (what `RecurrentNetworkBlobFetcher` copies out).
 //! * With `enable_rnn_executor` set, the steps run on [`executor::RnnExecutor`]: every (timestep,
