@@ -11,7 +11,8 @@ op and its gradient), against a plain-numpy LSTM measured in the same run.
    backward has to do, batched wherever the recurrence allows (input projection, input
    gradient and both weight gradients as one GEMM each; the recurrent product and its input
    gradient once per step), each group timed on numpy and on ferrocaffe MatMul ops in the
-   same run, the faster counted. No implementation on this machine's GEMMs can go below it.
+   same run, the faster counted: no implementation on these two GEMMs goes below it (PyTorch's
+   MKL kernels can).
    Where PyTorch is installed (it is not a dependency), its CPU ``nn.LSTM`` doing the same
    forward and backward is timed in the same run too: the issue's "PyTorch level".
 2. executor gain: the same net with ``enable_rnn_executor`` 0 (step nets one after another)
