@@ -19,6 +19,18 @@ pub struct Link {
     pub window: i64,
 }
 
+impl Link {
+    /// A link of `internal` to rows `t + offset .. t + offset + window` of `external`.
+    pub fn new(internal: &str, external: &str, offset: i64, window: i64) -> Link {
+        Link {
+            internal: internal.into(),
+            external: external.into(),
+            offset,
+            window,
+        }
+    }
+}
+
 /// Output `dst` is a view of `src` from row `offset` (negative: counted from the end) on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Alias {

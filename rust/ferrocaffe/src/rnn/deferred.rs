@@ -17,11 +17,12 @@
 
 use super::analysis::APPLY_LINK;
 use super::config::Link;
+use super::steps::tensor_of;
 use crate::error::{Error, Result};
 use crate::ops::cpu::fc;
 use crate::proto::{Argument, NetDef, OperatorDef};
 use crate::tensor::Tensor;
-use crate::workspace::{Blob, Workspace};
+use crate::workspace::Workspace;
 
 /// One `FCGradient` whose parameter gradients are summed after the steps.
 #[derive(Debug, Clone, PartialEq)]
@@ -137,16 +138,6 @@ fn settled_rows(
     Some((link.external.clone(), offset))
 }
 
-fn tensor(ws: &Workspace, name: &str) -> Result<Tensor> {
-    match &*ws.blob(name)?.read() {
-        Blob::Tensor(t) => Ok(t.clone()),
-        other => Err(Error::Runtime(format!(
-            "blob {name} holds {}, expected a tensor",
-            other.type_name()
-        ))),
-    }
-}
-
 /// `rows` rows of `t` (rows along its first dimension) from row `first`, as one slice.
 fn rows<'a>(t: &'a Tensor, name: &str, first: usize, count: usize) -> Result<&'a [f32]> {
     let total = t.dims().first().copied().unwrap_or(0);
@@ -167,8 +158,8 @@ impl Deferred {
         if steps == 0 {
             return Ok(());
         }
-        let x_all = tensor(ws, &self.x.0)?;
-        let dy_all = tensor(ws, &self.dy.0)?;
+        let x_all = tensor_of(ws, &self.x.0)?;
+        let dy_all = tensor_of(ws, &self.dy.0)?;
         let xs = rows(&x_all, &self.x.0, self.x.1, steps)?;
         let dys = rows(&dy_all, &self.dy.0, self.dy.1, steps)?;
         // One timestep's X is a row of the buffer, shaped [1, ...]: its K is the size from the
@@ -236,12 +227,7 @@ mod tests {
     use crate::rnn::config::add_apply_link_ops;
 
     fn link(internal: &str, external: &str, offset: i64, window: i64) -> Link {
-        Link {
-            internal: internal.into(),
-            external: external.into(),
-            offset,
-            window,
-        }
+        Link::new(internal, external, offset, window)
     }
 
     fn fc_grad(x: &str, dy: &str, accumulate: &[i64]) -> OperatorDef {
@@ -401,9 +387,12 @@ mod tests {
                 }
             }
         }
-        let got = |name: &str| match &*ws.blob(name).unwrap().read() {
-            Blob::Tensor(t) => t.as_slice::<f32>().unwrap().to_vec(),
-            _ => unreachable!(),
+        let got = |name: &str| {
+            tensor_of(&ws, name)
+                .unwrap()
+                .as_slice::<f32>()
+                .unwrap()
+                .to_vec()
         };
         for (a, b) in got("dw").iter().zip(&dw).chain(got("db").iter().zip(&db)) {
             assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");

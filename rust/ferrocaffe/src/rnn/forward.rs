@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use super::config::{self, Alias, RecurrentInput};
 use super::executor::RnnExecutor;
-use super::steps;
+use super::steps::{self, tensor_of};
 use crate::error::{Error, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::proto::NetDef;
@@ -111,16 +111,6 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         max_parallel,
         executor,
     }))
-}
-
-fn tensor_of(ws: &Workspace, name: &str) -> Result<Tensor> {
-    match &*ws.blob(name)?.read() {
-        Blob::Tensor(t) => Ok(t.clone()),
-        other => Err(Error::Runtime(format!(
-            "blob {name} holds {}, expected a tensor",
-            other.type_name()
-        ))),
-    }
 }
 
 /// Sizes the state buffer of `ri` to `(T + k) x N x D` and copies the initial value in.

@@ -28,12 +28,12 @@ use super::config::{self, rename_in_net};
 use super::deferred::{self, Deferred};
 use super::executor::RnnExecutor;
 use super::forward::executor_for;
-use super::steps;
+use super::steps::{self, read_tensor};
 use crate::error::{Error, Result};
 use crate::ops::cpu::fc;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::proto::{Argument, NetDef, OperatorDef};
-use crate::tensor::{DataType, Tensor};
+use crate::tensor::DataType;
 use crate::workspace::{Blob, BlobHandle, Workspace};
 
 struct Param {
@@ -322,16 +322,6 @@ fn steps_overwrite(step_net: &NetDef, links: &[config::Link], seq_grad: &str) ->
     false
 }
 
-fn read_tensor(h: &BlobHandle, name: &str) -> Result<Tensor> {
-    match &*h.read() {
-        Blob::Tensor(t) => Ok(t.clone()),
-        other => Err(Error::Runtime(format!(
-            "blob {name} holds {}, expected a tensor",
-            other.type_name()
-        ))),
-    }
-}
-
 /// The dtype and shape of the tensor in `h` (without keeping a copy-on-write reference to its
 /// buffer: one held during the steps would make the first write through a link copy it).
 fn meta_of(h: &BlobHandle, name: &str) -> Result<(DataType, Vec<usize>)> {
@@ -476,12 +466,7 @@ mod tests {
     use crate::rnn::config::Link;
 
     fn link(internal: &str, external: &str, offset: i64, window: i64) -> Link {
-        Link {
-            internal: internal.into(),
-            external: external.into(),
-            offset,
-            window,
-        }
+        Link::new(internal, external, offset, window)
     }
 
     fn net(ops: Vec<OperatorDef>, links: &[Link]) -> NetDef {

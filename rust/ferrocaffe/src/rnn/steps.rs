@@ -46,6 +46,22 @@ pub fn hold_params<'a>(
     hold_constant(snapshots.collect::<Vec<_>>())
 }
 
+/// A copy-on-write handle on the tensor in blob `h` (named `name` in the error).
+pub fn read_tensor(h: &BlobHandle, name: &str) -> Result<Tensor> {
+    match &*h.read() {
+        Blob::Tensor(t) => Ok(t.clone()),
+        other => Err(Error::Runtime(format!(
+            "blob {name} holds {}, expected a tensor",
+            other.type_name()
+        ))),
+    }
+}
+
+/// The tensor in blob `name` of `ws` (or an ancestor), as [`read_tensor`].
+pub fn tensor_of(ws: &Workspace, name: &str) -> Result<Tensor> {
+    read_tensor(&ws.blob(name)?, name)
+}
+
 /// The step workspaces a blob holds, if it holds some.
 pub fn scratch_of(b: &Blob) -> Option<Arc<Mutex<WorkspaceStack>>> {
     match b {
