@@ -1,10 +1,12 @@
-//! Times the three products of an LSTM step (`N = 32`, `H = 256`, gates `4H = 1024`) on
+//! Times the three products of an LSTM step (`N = 32`, `H = 256`, gates `4H = 1024`), and
+//! `dG W` again with the weight held constant as the RNN gradient op holds it, on
 //! this crate's GEMM, on one thread and shared with the helper thread, as GFLOP/s.
 //!
 //! `cargo run --release -p ferrocaffe --example step_gemms -- [runs]`
 use std::time::Instant;
 
-use ferrocaffe::blas::{sgemm, single_threaded};
+use ferrocaffe::blas::{hold_constant, sgemm, single_threaded};
+use ferrocaffe::tensor::Tensor;
 
 fn time(runs: usize, f: &mut dyn FnMut()) -> f64 {
     let mut best = f64::INFINITY;
@@ -50,6 +52,17 @@ fn main() {
             Box::new(|| sgemm(true, false, g, h, n, 1.0, &dg, &x, 1.0, &mut dw)),
         ),
     ];
+    // The backward step with the weight held constant (as RecurrentNetworkGradient holds its
+    // parameters over the steps): its column strips are cut once, not at every call.
+    let held = Tensor::from_vec(&[g, h], w.clone()).expect("g x h values");
+    let _held = hold_constant([held.snapshot()]);
+    let wh = held.as_slice::<f32>().expect("a float tensor");
+    let mut dx2 = vec![0.0f32; n * h];
+    let mut cases = cases;
+    cases.push((
+        "dG W held",
+        Box::new(|| sgemm(false, false, n, h, g, 1.0, &dg, wh, 0.0, &mut dx2)),
+    ));
     for (name, mut f) in cases {
         let solo = single_threaded(|| time(runs, &mut f));
         let pair = time(runs, &mut f);
