@@ -44,10 +44,7 @@ impl Strips {
     pub(super) fn pack(src: &[f32], k: usize, n: usize, width: usize) -> Strips {
         let mut data = Vec::with_capacity(k * n);
         for c in (0..n).step_by(width) {
-            let w = width.min(n - c);
-            for row in src.chunks_exact(n).take(k) {
-                data.extend_from_slice(&row[c..c + w]);
-            }
+            append_strip(src, k, n, c, width.min(n - c), &mut data);
         }
         Strips { k, n, width, data }
     }
@@ -61,6 +58,22 @@ impl Strips {
 
     pub(super) fn width(&self) -> usize {
         self.width
+    }
+}
+
+/// Appends columns `c..c + width` of `src` (`k x n`, row-major, tight), every row of them, to
+/// `out` (`k x width`, tight): one strip, as the kernels read it.
+pub(super) fn append_strip(
+    src: &[f32],
+    k: usize,
+    n: usize,
+    c: usize,
+    width: usize,
+    out: &mut Vec<f32>,
+) {
+    out.reserve(k * width);
+    for row in src.chunks_exact(n).take(k) {
+        out.extend_from_slice(&row[c..c + width]);
     }
 }
 

@@ -18,7 +18,6 @@
 use super::analysis::APPLY_LINK;
 use super::config::Link;
 use super::steps::tensor_of;
-use crate::blas::{for_each_part, part_len};
 use crate::error::{Error, Result};
 use crate::ops::cpu::fc;
 use crate::proto::{Argument, NetDef, OperatorDef};
@@ -195,18 +194,7 @@ impl Deferred {
             })?;
         }
         if let Some(name) = &self.db {
-            add_into(ws, name, n, |db| {
-                // Column sums in parts of columns shared with the GEMM helper thread (each
-                // column still summed in row order).
-                let per = part_len(n, m * n);
-                for_each_part(db.chunks_mut(per).enumerate().collect(), &|(p, db)| {
-                    for row in dys.chunks_exact(n) {
-                        for (d, v) in db.iter_mut().zip(&row[p * per..]) {
-                            *d += v;
-                        }
-                    }
-                });
-            })?;
+            add_into(ws, name, n, |db| fc::add_column_sums(dys, m, db))?;
         }
         Ok(())
     }

@@ -43,7 +43,7 @@ pub fn hold_params<'a>(
             Blob::Tensor(t) => Some(t.snapshot()),
             _ => None,
         });
-    hold_constant(snapshots.collect::<Vec<_>>())
+    hold_constant(snapshots)
 }
 
 /// A copy-on-write handle on the tensor in blob `h` (named `name` in the error).

@@ -366,13 +366,9 @@ impl Problem<'_> {
     /// Columns `c..c + width` of `Q`, every row of them, into `strip` (`k x width`, tight).
     fn copy_strip(&self, c: usize, width: usize, strip: &mut Vec<f32>) {
         strip.clear();
-        strip.reserve(self.k * width);
-        for kk in 0..self.k {
-            // SAFETY: row `kk` of Q holds `self.cols >= c + width` floats (the caller's
-            // bounds).
-            let row = unsafe { std::slice::from_raw_parts(self.q.add(kk * self.cols + c), width) };
-            strip.extend_from_slice(row);
-        }
+        // SAFETY: Q is `k x cols`, tight, within the caller's bounds.
+        let q = unsafe { std::slice::from_raw_parts(self.q, self.k * self.cols) };
+        constant::append_strip(q, self.k, self.cols, c, width, strip);
     }
 }
 

@@ -156,18 +156,10 @@ impl Fc {
             let db_t = outs.tensor(1)?;
             let beta = self.accumulated(1, db_t, &[n])?;
             let db = db_t.ensure::<f32>(&[n]);
-            // Column sums of dY, in parts of columns (each column still summed in row order).
-            let per = part_len(n, m * n);
-            for_each_part(db.chunks_mut(per).enumerate().collect(), &|(p, db)| {
-                if beta == 0.0 {
-                    db.fill(0.0);
-                }
-                for row in dys.chunks(n.max(1)) {
-                    for (d, v) in db.iter_mut().zip(&row[p * per..]) {
-                        *d += v;
-                    }
-                }
-            });
+            if beta == 0.0 {
+                db.fill(0.0);
+            }
+            add_column_sums(dys, m, db);
         }
         if outs.len() > 2 {
             let dx = outs.tensor(2)?.ensure::<f32>(&x_dims);
@@ -193,6 +185,20 @@ impl Fc {
         }
         Ok(1.0)
     }
+}
+
+/// `db += ` the column sums of `dy` (`m` rows of `db.len()` columns), in parts of columns
+/// shared with the GEMM helper thread; each column is summed in row order, whatever the parts.
+pub fn add_column_sums(dy: &[f32], m: usize, db: &mut [f32]) {
+    let n = db.len();
+    let per = part_len(n, m * n);
+    for_each_part(db.chunks_mut(per).enumerate().collect(), &|(p, db)| {
+        for row in dy.chunks(n.max(1)).take(m) {
+            for (d, v) in db.iter_mut().zip(&row[p * per..]) {
+                *d += v;
+            }
+        }
+    });
 }
 
 fn rt(msg: impl std::fmt::Display) -> crate::error::Error {
