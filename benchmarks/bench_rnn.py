@@ -15,6 +15,9 @@ op and its gradient), against a plain-numpy LSTM measured in the same run.
    MKL kernels can).
    Where PyTorch is installed (it is not a dependency), its CPU ``nn.LSTM`` doing the same
    forward and backward is timed in the same run too: the issue's "PyTorch level".
+   Each is also given as the rate of the pass's matrix arithmetic (GFLOP/s), beside the
+   rate the 0.5 target needs; `cargo run --release -p ferrocaffe --example fma_peak`
+   measures the machine's ceiling for that rate.
 2. executor gain: the same net with ``enable_rnn_executor`` 0 (step nets one after another)
    against 1 (the threaded executor), for 1 and 2 layers: on ferrocaffe's own GEMM with the
    default executor thread count (one: the GEMMs themselves use both cores) and with 2 threads,
@@ -226,6 +229,13 @@ def check_against_numpy(model, values, H):
         )
 
 
+def pass_flops(T, N, D, H):
+    """Floating-point operations of the matrix products of one LSTM forward + backward: the
+    input projection and the recurrent product forward, and for each of the two the input
+    gradient and the weight gradient backward (2 flops per multiply-add)."""
+    return 3 * 2 * T * N * 4 * H * (D + H)
+
+
 def gemm_floor(T, N, D, H, repeat):
     """The products alone of an LSTM forward + backward, per group the faster of numpy and
     ferrocaffe (MatMul ops): ``(total, {group: (numpy, ferrocaffe)})`` in seconds."""
@@ -322,6 +332,16 @@ def main(argv=None):
         )
     else:
         print("  PyTorch CPU nn.LSTM: not timed (PyTorch is not installed)")
+    flops = pass_flops(T, N, D, H)
+    rates = ", ".join(
+        "%s %.0f" % (label, flops / t / 1e9)
+        for label, t in zip(("ferrocaffe", "numpy", "PyTorch"), times, strict=False)
+    )
+    print(
+        "  products of the pass: %.2f GFLOP; sustained GFLOP/s: %s; the 0.5 target needs %.0f "
+        "(the machine's FMA peak: examples/fma_peak.rs)"
+        % (flops / 1e9, rates, flops / (0.5 * ref) / 1e9)
+    )
     floor, per_group = gemm_floor(T, N, D, H, args.repeat)
     for label, (t_np, t_ours) in per_group.items():
         print(
