@@ -77,21 +77,15 @@ pub(super) fn append_strip(
     }
 }
 
-/// The strips of a held operand, found by address (an `Arc` so that they outlive the scope
-/// if a product still runs on them when it ends).
+/// The strips of a held operand, found by address (the entry is shared so that the strips
+/// outlive the scope if a product still runs on them when it ends).
 pub(super) struct HeldStrips(Arc<Entry>);
 
-impl std::ops::Deref for HeldStrips {
-    type Target = Strips;
-    fn deref(&self) -> &Strips {
-        // The entry's strips are set before a `HeldStrips` is made.
-        self.0.strips.get().unwrap_or_else(|| unreachable_unset())
+impl HeldStrips {
+    /// The strips ([`strips`] hands out only entries whose strips are packed).
+    pub(super) fn get(&self) -> Option<&Strips> {
+        self.0.strips.get()
     }
-}
-
-#[cold]
-fn unreachable_unset() -> ! {
-    panic!("held strips are packed before they are handed out")
 }
 
 static HELD: RwLock<Vec<Arc<Entry>>> = RwLock::new(Vec::new());
@@ -191,7 +185,8 @@ mod tests {
                 strips(&b[..12], 2, 6, 2).is_none(),
                 "a prefix is another operand"
             );
-            let s = strips(b, 4, 6, 2).expect("held");
+            let held = strips(b, 4, 6, 2).expect("held");
+            let s = held.get().expect("packed when handed out");
             // SAFETY: column 2's strip is 4 x 2.
             assert_eq!(unsafe { *s.at(2).add(1) }, 3.0);
             assert!(strips(b, 4, 6, 4).is_none(), "packed for width 2 already");

@@ -123,15 +123,17 @@ fn settled_rows(
     let writes = |op: &OperatorDef, name: &str| {
         op.r#type() != APPLY_LINK && op.output.iter().any(|o| o == name)
     };
+    // Other views of the same buffer must only be read.
+    let other_views: Vec<&str> = links
+        .iter()
+        .filter(|l| l.external == link.external && l.internal != blob)
+        .map(|l| l.internal.as_str())
+        .collect();
     for (j, op) in net.op.iter().enumerate() {
-        if writes(op, &link.external) || (j > reader && writes(op, blob)) {
-            return None;
-        }
-        // Other views of the same buffer must only be read.
-        let other_views = links
-            .iter()
-            .filter(|l| l.external == link.external && l.internal != blob);
-        if other_views.clone().any(|l| writes(op, &l.internal)) {
+        if writes(op, &link.external)
+            || (j > reader && writes(op, blob))
+            || other_views.iter().any(|v| writes(op, v))
+        {
             return None;
         }
     }

@@ -201,7 +201,7 @@ pub(super) fn sgemm(
         scalars,
         c: Strided::new(c.cast_const(), n, 1),
         copy_strips,
-        strips: held.as_deref(),
+        strips: held.as_ref().and_then(|h| h.get()),
     }
     .run();
 }
@@ -324,17 +324,8 @@ impl Problem<'_> {
             // The rows in tiles of at most max_rows, as even as they come (32 rows in tiles
             // of 6: 5 5 5 5 6 6, not five 6s and a 2).
             let tiles = (r1 - r0).div_ceil(self.isa.max_rows(v));
-            let tight = self.copy_strips && tiles > 1 && self.cols > width;
-            STRIP.with(|strip| {
-                let mut strip = strip.borrow_mut();
-                let (q, qld) = if let Some(s) = self.strips {
-                    (s.at(c), width)
-                } else if tight {
-                    self.copy_strip(c, width, &mut strip);
-                    (strip.as_ptr(), width)
-                } else {
-                    (self.q.wrapping_add(c), self.cols)
-                };
+            // The tiles of these columns, reading Q's columns from `q`, rows `qld` apart.
+            let run = |q: *const f32, qld: usize| {
                 let mut r = r0;
                 for i in 0..tiles {
                     let rows = (r1 - r) / (tiles - i);
@@ -358,7 +349,18 @@ impl Problem<'_> {
                     }
                     r += rows;
                 }
-            });
+            };
+            if let Some(s) = self.strips {
+                run(s.at(c), width);
+            } else if self.copy_strips && tiles > 1 && self.cols > width {
+                STRIP.with(|strip| {
+                    let mut strip = strip.borrow_mut();
+                    self.copy_strip(c, width, &mut strip);
+                    run(strip.as_ptr(), width);
+                });
+            } else {
+                run(self.q.wrapping_add(c), self.cols);
+            }
             c += width;
         }
     }
