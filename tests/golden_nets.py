@@ -12,7 +12,7 @@ from google.protobuf import text_format
 from ferrocaffe.proto import caffe2_pb2
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = Path(os.environ.get("FERROCAFFE_GOLDEN", REPO_ROOT.parent / "shared" / "golden"))
+GOLDEN = Path(os.environ.get("FERROCAFFE_GOLDEN", REPO_ROOT / "tests" / "golden"))
 
 
 def load_cases(corpus):

@@ -8,7 +8,8 @@ import threading
 
 import numpy as np
 import pytest
-from golden_nets import GOLDEN, assert_nets_equal, load_cases, parse_net
+from conftest import side_file
+from golden_nets import assert_nets_equal, load_cases, parse_net
 from model_zoo import BUILDERS, mlp_train
 
 from ferrocaffe import brew, cnn, core, model_helper, optimizer, scope, utils
@@ -235,7 +236,7 @@ def test_dpm_checkpoint_params_and_lr_names_match_golden(name):
 
 
 # ------------------------------------------------------------- golden: op-catalog builders
-with open(GOLDEN.parent / "op-catalog.json") as _f:
+with open(side_file("op-catalog.json")) as _f:
     CATALOG = json.load(_f)
 
 

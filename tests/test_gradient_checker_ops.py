@@ -17,7 +17,7 @@ import zlib
 
 import numpy as np
 import pytest
-from conftest import golden_path
+from conftest import side_file
 from gradcheck_specs import EXCLUDED, GRADIENT_KERNELS_WITHOUT_MAKER, SPECS
 
 from ferrocaffe import _native, core, gradient_checker, workspace
@@ -27,7 +27,7 @@ KERNELS = frozenset(_native.kernel_types())
 
 
 def _catalog_ops():
-    path = golden_path().parent / "op-catalog.json"
+    path = side_file("op-catalog.json")
     if not path.is_file():
         pytest.fail(f"op catalog not found at {path} (it sits beside the golden corpus)")
     return json.loads(path.read_text())["ops"]

@@ -1,53 +1,23 @@
-"""Replays every case of the golden gradients corpus (recorded from Caffe2) through the public
-API with the shared runner, ``../shared/golden/tools/run_golden.py``, and requires all of them
-to pass.
+"""Replays every case of the golden gradients corpus recorded from Caffe2
+(``tests/golden/gradients``) with ferrocaffe's public API (``replay/gradients.py``): the gradient
+ops and gradient map of ``core.GradientRegistry.GetBackwardPass`` (or the error it raises), and
+``core.get_ssa`` / ``core.get_undefined_blobs`` of the forward net. Cases whose order Caffe2
+took from Python's set iteration are compared modulo that order only. Every case must pass."""
 
-Two parts of what the runner checks belong to modules other than ``core.gradients``:
-``core.get_ssa`` / ``core.get_undefined_blobs`` (``core.ssa``) and the reset of
-``core.Net._net_names_used`` between cases (``core.net``). While those modules do not provide
-them yet, the SSA comparisons are left out and the control-flow cases (which create nets) run
-one per worker process, so that every case still starts from fresh net names.
-"""
+import pytest
+from replay import gradients
+from replay.common import case_by_name, case_names
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-from ferrocaffe import core
-
-REPO = Path(__file__).resolve().parents[1]
-GOLDEN = Path(os.environ.get("FERROCAFFE_GOLDEN", REPO.parent / "shared" / "golden"))
-RUNNER = GOLDEN / "tools" / "run_golden.py"
-CORPUS = GOLDEN / "gradients"
-
-SSA_PENDING = not hasattr(core, "get_ssa")
-NET_NAMES_PENDING = not isinstance(
-    getattr(getattr(core, "Net", None), "_net_names_used", None), set
-)
+CORPUS = "gradients"
+NAMES = case_names(CORPUS)
 
 
-def _replay(report, *extra):
-    cmd = [sys.executable, str(RUNNER), str(CORPUS), "ferrocaffe", "-q"]
-    cmd += ["--json-report", str(report), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-    assert report.exists(), f"the runner wrote no report:\n{proc.stdout[-3000:]}\n{proc.stderr}"
-    return {c["name"]: c for c in json.loads(report.read_text())["cases"]}
+def test_corpus_holds_every_gradient_case():
+    assert len(NAMES) == 377
+    assert len(set(NAMES)) == len(NAMES), "case names must be unique"
 
 
-def _diffs(case):
-    diffs = case["diffs"]
-    if SSA_PENDING:
-        diffs = [d for d in diffs if not d.startswith(("get_ssa", "get_undefined_blobs"))]
-    return diffs
-
-
-def test_every_golden_gradient_case_passes(tmp_path):
-    cases = _replay(tmp_path / "all.json", "-j", "2")
-    if NET_NAMES_PENDING:
-        cases.update(_replay(tmp_path / "control.json", "--group", "control", "--chunk", "1"))
-    assert len(cases) == sum(1 for line in CORPUS.joinpath("cases.jsonl").open() if line.strip())
-    failures = {name: _diffs(c) for name, c in cases.items() if _diffs(c)}
-    summary = "\n".join(f"{name}: {d[0][:300]}" for name, d in sorted(failures.items()))
-    assert not failures, f"{len(failures)} of {len(cases)} golden cases fail:\n{summary}"
+@pytest.mark.parametrize("name", NAMES)
+def test_gradient_case(name):
+    diffs = gradients.replay(case_by_name(CORPUS, name))
+    assert diffs == [], f"{name}: {len(diffs)} difference(s) from Caffe2:\n" + "\n".join(diffs)

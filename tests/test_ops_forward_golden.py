@@ -1,4 +1,4 @@
-"""Kernels against the golden op corpus (``../shared/golden/ops``), for every op type that has
+"""Kernels against the golden op corpus (``tests/golden/ops``), for every op type that has
 a kernel: feed the inputs, ``RunOperatorOnce``, compare the outputs (rtol 1e-4, atol 1e-5), the
 statistics of random fills, or the recorded error; then, when every recorded gradient op has a
 kernel, run those gradient ops on the recorded output gradients and compare their outputs.
@@ -7,17 +7,17 @@ kernel, run those gradient ops on the recorded output gradients and compare thei
 
 import base64
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import golden_path
 
 from ferrocaffe import _native, workspace
 from ferrocaffe.proto import caffe2_pb2
 
 REPO = Path(__file__).resolve().parent.parent
-GOLDEN = Path(os.environ.get("FERROCAFFE_GOLDEN", REPO.parent / "shared" / "golden"))
+GOLDEN = golden_path()
 OPS = GOLDEN / "ops"
 KERNELS = set(_native.kernel_types())
 

@@ -5,10 +5,10 @@ options that the corpus does not cover, checked against Caffe2's naming and op l
 
 import base64
 import json
-import os
 from pathlib import Path
 
 import pytest
+from conftest import golden_path, side_file
 from google.protobuf import text_format
 
 from ferrocaffe import core, gru_cell, recurrent, rnn_cell
@@ -16,7 +16,7 @@ from ferrocaffe.model_helper import ModelHelper
 from ferrocaffe.proto import caffe2_pb2
 
 REPO = Path(__file__).resolve().parents[1]
-GOLDEN = Path(os.environ.get("FERROCAFFE_GOLDEN", REPO.parent / "shared" / "golden"))
+GOLDEN = golden_path()
 
 # The arguments recurrent_net adds for the backward pass only.
 BACKWARD_ARGS = {
@@ -491,7 +491,7 @@ def test_milstm_emits_multiplicative_integration():
     ]
     assert [op.arg[1].f for op in init[4:]] == [1.0, 1.0, 1.0, 0.0]
     # The op types the catalog records for Caffe2's rnn_cell.MILSTM (forward part).
-    catalog = json.load(open(GOLDEN.parent / "op-catalog.json"))["ops"]
+    catalog = json.load(open(side_file("op-catalog.json")))["ops"]
     used = {t for t, o in catalog.items() if "rnn_cell.MILSTM" in o.get("used_by", [])}
     emitted = {
         op.type for net in (model.net.Proto(), step, model.param_init_net.Proto()) for op in net.op
@@ -777,7 +777,7 @@ def _all_op_types(*nets):
 
 
 def _catalog_builder_ops(builder):
-    catalog = json.load(open(GOLDEN.parent / "op-catalog.json"))["ops"]
+    catalog = json.load(open(side_file("op-catalog.json")))["ops"]
     return {t for t, o in catalog.items() if builder in o.get("used_by", [])}
 
 

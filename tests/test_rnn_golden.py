@@ -1,78 +1,52 @@
-"""Replay the golden RNN corpus (``../shared/golden/rnn``) with the reference runner: LSTM (1
+"""Replay the golden RNN corpus (``tests/golden/rnn``, recorded from the real Caffe2): LSTM (1
 and 2 layers, full and partial sequence lengths, a large case), GRU and a custom step net,
 forward and gradient, each run with ``enable_rnn_executor`` 1 (as stored) and 0, which must
-match Caffe2 and each other; plus the forward-only ``lstm_lm`` model of the models corpus."""
+match Caffe2 and each other; plus the forward-only ``lstm_lm`` model of the models corpus, with
+the executor on and off."""
 
-import json
-import subprocess
-import sys
-
+import numpy as np
 import pytest
-from conftest import REPO_ROOT, golden_path
+from replay import models, rnn
+from replay.common import case_by_name, case_names
 
-GOLDEN = golden_path()
-RUNNER = GOLDEN / "tools" / "run_golden.py"
-
-
-def _names(corpus):
-    with open(GOLDEN / corpus / "cases.jsonl", encoding="utf-8") as f:
-        return [json.loads(line)["name"] for line in f if line.strip()]
-
-
-RNN_CASES = _names("rnn")
-LSTM_MODELS = [n for n in _names("models") if ".lstm_lm" in n]
-
-
-def _replay(tmp_path, corpus, names):
-    out = tmp_path / "report.json"
-    cmd = [
-        sys.executable,
-        str(RUNNER),
-        str(GOLDEN / corpus),
-        "ferrocaffe",
-        "--json-report",
-        str(out),
-    ]
-    for name in names:
-        cmd += ["-k", name]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
-    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    with open(out, encoding="utf-8") as f:
-        cases = {c["name"]: c for c in json.load(f)["cases"]}
-    return proc, cases
-
-
-@pytest.fixture(scope="module")
-def rnn_report(tmp_path_factory):
-    return _replay(tmp_path_factory.mktemp("rnn"), "rnn", [])
+RNN_CASES = case_names("rnn")
+LSTM_MODELS = [n for n in case_names("models") if ".lstm_lm" in n]
 
 
 @pytest.mark.parametrize("name", RNN_CASES)
-def test_rnn_case(rnn_report, name):
-    _, cases = rnn_report
-    case = cases.get(name)
-    assert case is not None, "runner did not report %s" % name
-    assert case["pass"], "\n".join(case["diffs"])
+def test_rnn_case(name):
+    diffs = rnn.replay(case_by_name("rnn", name))
+    assert diffs == [], "\n".join(diffs)
 
 
-def test_every_rnn_case_ran_and_passed(rnn_report):
-    proc, cases = rnn_report
-    assert len(RNN_CASES) >= 6
-    assert set(cases) == set(RNN_CASES)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "rnn: %d passed, 0 failed" % len(RNN_CASES) in proc.stdout
+def test_every_rnn_case_is_replayed():
+    assert len(RNN_CASES) == 6
+    assert len(set(RNN_CASES)) == len(RNN_CASES)
 
 
-def test_executor_and_plain_runs_agree_exactly(rnn_report):
-    """The runner records the largest difference between the executor and the plain run."""
-    _, cases = rnn_report
-    for name, case in cases.items():
-        assert case.get("info", {}).get("executor_max_abs_diff") == 0.0, name
+@pytest.mark.parametrize("name", RNN_CASES)
+def test_executor_and_plain_runs_agree_exactly(name):
+    """Caffe2 gives bitwise identical results with the RNN executor on and off."""
+    case = case_by_name("rnn", name)
+    assert case["executor_check"]["bitwise_identical"]
+    _, stored = rnn.run(case, None)
+    _, plain = rnn.run(case, 0)
+    names = {meta["name"] for _, meta in rnn.compared_blobs(case)}
+    assert set(stored) == names and set(plain) == names
+    differing = [n for n in sorted(names) if not np.array_equal(stored[n], plain[n])]
+    assert differing == [], differing
 
 
-def test_forward_only_lstm_language_model(tmp_path):
+def test_blob_fetcher_case_exists():
+    assert [n for n in RNN_CASES if case_by_name("rnn", n).get("blob_fetcher")]
+
+
+@pytest.mark.parametrize("executor", [1, 0])
+@pytest.mark.parametrize("name", LSTM_MODELS)
+def test_forward_only_lstm_language_model(name, executor):
+    diffs = models.replay(case_by_name("models", name), rnn_executor=executor)
+    assert diffs == [], "\n".join(diffs)
+
+
+def test_lstm_language_model_exists():
     assert LSTM_MODELS
-    proc, cases = _replay(tmp_path, "models", LSTM_MODELS)
-    for name in LSTM_MODELS:
-        assert cases[name]["pass"], "\n".join(cases[name]["diffs"])
-    assert proc.returncode == 0

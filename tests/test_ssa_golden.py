@@ -1,18 +1,18 @@
 """core.get_ssa / get_undefined_blobs against the SSA Caffe2 recorded for every forward net of
-the gradients corpus (../shared/golden/gradients/cases.jsonl, or $FERROCAFFE_GOLDEN)."""
+the gradients corpus (tests/golden/gradients/cases.jsonl, or $FERROCAFFE_GOLDEN)."""
 
 import base64
 import json
-import os
 from pathlib import Path
 
 import pytest
+from conftest import golden_path
 
 from ferrocaffe import core
 from ferrocaffe.proto import caffe2_pb2
 
 REPO = Path(__file__).resolve().parent.parent
-GOLDEN = Path(os.environ.get("FERROCAFFE_GOLDEN", REPO.parent / "shared" / "golden"))
+GOLDEN = golden_path()
 CASES_FILE = GOLDEN / "gradients" / "cases.jsonl"
 
 

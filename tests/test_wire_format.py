@@ -1,10 +1,11 @@
 """``ferrocaffe.proto.caffe2_pb2`` (built from the schema compiled into the native module) has
 exactly the messages, fields and enum values that Caffe2's caffe2.proto had, as recorded in
-../shared/caffe2-wire-format.json, and the top-level names of Caffe2's caffe2_pb2 module."""
+tests/golden/caffe2-wire-format.json, and the top-level names of Caffe2's caffe2_pb2 module."""
 
 import json
 
 import pytest
+from conftest import side_file
 from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import FieldDescriptor
 
@@ -20,7 +21,7 @@ _TYPE_NAMES = {
 
 @pytest.fixture(scope="module")
 def spec(golden_dir):
-    return json.loads((golden_dir.parent / "caffe2-wire-format.json").read_text())
+    return json.loads(side_file("caffe2-wire-format.json").read_text())
 
 
 def _label(f) -> str:

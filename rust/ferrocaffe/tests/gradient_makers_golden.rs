@@ -2,11 +2,10 @@
 //! the `ops/` corpus, the op catalog, the single-op cases of the `gradients/` corpus and the
 //! recurrent networks of the `gradients/` and `rnn/` corpora.
 //!
-//! The golden directory is `<repo>/../shared/golden`, or `$FERROCAFFE_GOLDEN`.
+//! The golden directory is `<repo>/tests/golden`, or `$FERROCAFFE_GOLDEN`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
-use std::path::PathBuf;
 
 use base64::Engine;
 use ferrocaffe::autodiff::makers;
@@ -15,12 +14,8 @@ use ferrocaffe::autodiff::{GradRef, GradientOutput, Registry};
 use ferrocaffe::proto::{self, NetDef, OperatorDef};
 use serde_json::Value;
 
-fn golden_dir() -> PathBuf {
-    match std::env::var_os("FERROCAFFE_GOLDEN") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden"),
-    }
-}
+mod golden_data;
+use golden_data::{golden_dir, side_file};
 
 fn read_jsonl(rel: &str) -> Vec<Value> {
     let path = golden_dir().join(rel);
@@ -234,7 +229,7 @@ fn ops_corpus_gradients() {
 #[test]
 fn catalog_gradients() {
     let r = registry();
-    let path = golden_dir().join("../op-catalog.json");
+    let path = side_file("op-catalog.json");
     let text =
         fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     let catalog: Value = serde_json::from_str(&text).expect("catalog JSON");

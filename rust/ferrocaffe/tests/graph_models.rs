@@ -1,18 +1,12 @@
 //! Graph surgery on the deployed models of the golden corpus (`models/files/*/{init,predict}_net.pb`
-//! under `../shared/golden`, or `$FERROCAFFE_GOLDEN`).
+//! under `tests/golden`, or `$FERROCAFFE_GOLDEN`).
 
 #![allow(clippy::unwrap_used)]
 
 use ferrocaffe::graph::{Graph, Ssa};
 use ferrocaffe::proto::{self, NetDef};
-use std::path::PathBuf;
-
-fn golden() -> PathBuf {
-    match std::env::var_os("FERROCAFFE_GOLDEN") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden"),
-    }
-}
+mod golden_data;
+use golden_data::golden_dir as golden;
 
 fn models() -> Vec<(String, Vec<u8>, Vec<u8>)> {
     let dir = golden().join("models/files");

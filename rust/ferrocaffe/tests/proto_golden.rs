@@ -1,4 +1,4 @@
-//! Every serialized message in the golden corpus (../shared/golden) decodes in Rust, and
+//! Every serialized message in the golden corpus (tests/golden) decodes in Rust, and
 //! re-encodes to bytes that decode to an equal message. For the corpus these bytes are even
 //! identical to what Caffe2's Python runtime wrote.
 

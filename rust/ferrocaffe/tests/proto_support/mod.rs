@@ -1,5 +1,4 @@
-//! Finds the golden corpus (`../shared/golden` beside the repository, or `$FERROCAFFE_GOLDEN`)
-//! and lists every serialized caffe2 message in it. Shared by `proto_golden.rs` and
+//! Lists every serialized caffe2 message in it. Shared by `proto_golden.rs` and
 //! `proto_fuzz.rs`.
 
 use base64::Engine;
@@ -15,12 +14,9 @@ pub struct Sample {
     pub bytes: Vec<u8>,
 }
 
-pub fn golden_dir() -> PathBuf {
-    match std::env::var_os("FERROCAFFE_GOLDEN") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden"),
-    }
-}
+#[path = "../golden_data/mod.rs"]
+mod golden_data;
+pub use golden_data::golden_dir;
 
 /// The message held by a `<prefix>_b64` field (golden/README.md, "Common format", plus the
 /// checkpoint corpus's own fields), or `None` for fields that hold raw bytes.
@@ -108,8 +104,8 @@ fn walk(v: &Value, path: &str, out: &mut Vec<Sample>) {
 fn read(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| {
         panic!(
-            "cannot read {}: {e}. The golden corpus must sit at ../shared/golden beside the \
-             repository, or FERROCAFFE_GOLDEN must name it",
+            "cannot read {}: {e}. The golden corpus ships in the repository at tests/golden; \
+             FERROCAFFE_GOLDEN, when set, must name a copy of it",
             path.display()
         )
     })
