@@ -1,84 +1,79 @@
-"""Replay the golden API-example corpus (``api_examples.jsonl``, recorded from the real Caffe2)
-against ferrocaffe with the reference runner, one pytest case per corpus case.
-
-Every case of the groups in ``GROUPS`` must pass, except the ones in ``EXCLUDED``: those need a
-part of ferrocaffe that is not written yet. An excluded case may pass; if it fails, its failure
-must be the documented one (the runner's diff mentions ``marker``), so nothing else can hide
-behind an exclusion.
-"""
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+"""Replay the golden API-example corpus (``tests/golden/api_examples.jsonl``, recorded from the
+real Caffe2) against ferrocaffe, one pytest case per corpus case: each snippet runs in a fresh
+fork of a process that has only imported ferrocaffe, and what it records (and the exception
+that escapes it) must match the recording. Every case of every group must pass."""
 
 import pytest
+from replay import api_examples
 
-REPO = Path(__file__).resolve().parent.parent
-GOLDEN = Path(os.environ.get("FERROCAFFE_GOLDEN", REPO.parent / "shared" / "golden"))
-CORPUS = GOLDEN / "api_examples.jsonl"
-RUNNER = GOLDEN / "tools" / "run_api_examples.py"
+# Every group of the corpus, with its number of cases.
+GROUPS = {
+    "blobref": 20,
+    "scope": 22,
+    "create_operator": 36,
+    "net": 101,
+    "misc": 11,
+    "device": 31,
+    "plan": 49,
+    "clone_bind": 11,
+    "ssa": 12,
+    "workspace": 21,
+}
 
-# Every group of the corpus.
-GROUPS = (
-    "blobref",
-    "scope",
-    "create_operator",
-    "net",
-    "misc",
-    "device",
-    "plan",
-    "clone_bind",
-    "ssa",
-    "workspace",
-)
-
-# case name -> (reason, marker that the failure must mention). Empty: every case of GROUPS passes.
-EXCLUDED: dict[str, tuple[str, str]] = {}
+ALL_CASES = api_examples.load_cases()
+CASES = [c for c in ALL_CASES if c["group"] in GROUPS]
 
 
-def _corpus_cases():
-    with open(CORPUS, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+def test_corpus_size():
+    assert len(ALL_CASES) == 314
+    assert len(CASES) == 314
+    assert len({c["name"] for c in CASES}) == 314
+    counts = {}
+    for c in CASES:
+        counts[c["group"]] = counts.get(c["group"], 0) + 1
+    assert counts == GROUPS
 
 
-CASES = [c["name"] for c in _corpus_cases() if c["group"] in GROUPS]
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_case(case):
+    diffs = api_examples.replay(case)
+    assert diffs == [], f"{case['name']}:\n" + "\n".join(diffs)
 
 
-@pytest.fixture(scope="session")
-def report(tmp_path_factory):
-    """Run the reference runner once over GROUPS; case name -> {'pass', 'diffs'}."""
-    out = tmp_path_factory.mktemp("api_examples") / "report.json"
-    cmd = [sys.executable, str(RUNNER), str(CORPUS), "ferrocaffe", "--mode", "fork", "-j", "2"]
-    for g in GROUPS:
-        cmd += ["--group", g]
-    cmd += ["-q", "--json-report", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert out.exists(), f"runner wrote no report:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    with open(out, encoding="utf-8") as f:
-        return {entry["name"]: entry for entry in json.load(f)}
+def test_fresh_interpreter_state():
+    """Each case starts with empty name registries, whatever ran before it."""
+    source = "n = core.Net('fresh')\nrecord('name', n.Name())\n"
+    for _ in range(2):
+        result = api_examples.execute({"name": "fresh", "source": source})
+        assert result == {"records": [["name", "fresh"]], "error": None}
 
 
-def test_runner_covered_every_selected_case(report):
-    assert sorted(report) == sorted(CASES)
-    assert len(CASES) > 250
+def test_a_wrong_record_fails():
+    """The comparison is not vacuous: a changed, a missing or a reordered record, a protobuf
+    that differs, and an error that is missing or unexpected are all reported."""
+    with_records = next(c for c in CASES if c["name"] == "net.name_uniquified")
+    raises = next(c for c in CASES if c["error"] is not None)
+    for case in (with_records, raises):
+        assert api_examples.replay(case) == []
+    records = with_records["records"]
+    assert api_examples.replay(dict(with_records, records=[[k, 0] for k, _ in records]))
+    assert api_examples.replay(dict(with_records, records=records[:-1]))
+    assert api_examples.replay(dict(with_records, records=records[::-1]))
+    assert api_examples.replay(dict(with_records, error=raises["error"]))
+    assert api_examples.replay(dict(raises, error=None))
+    proto = next(
+        c
+        for c in CASES
+        if c["records"] and isinstance(c["records"][0][1], dict) and c["records"][0][1].get("b64")
+    )
+    key, value = proto["records"][0]
+    emptied = [[key, dict(value, b64="")]] + proto["records"][1:]
+    assert api_examples.replay(proto) == []
+    assert api_examples.replay(dict(proto, records=emptied))
 
 
-def test_exclusions_name_real_cases():
-    groups = {c["name"]: c["group"] for c in _corpus_cases()}
-    for name in EXCLUDED:
-        assert groups.get(name) in GROUPS, name
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_case(report, name):
-    entry = report[name]
-    if entry["pass"]:
-        return
-    diffs = "\n".join(entry["diffs"])
-    if name in EXCLUDED:
-        reason, marker = EXCLUDED[name]
-        assert marker in diffs, f"{name} is excluded ({reason}) but fails otherwise:\n{diffs}"
-        return
-    pytest.fail(f"{name}:\n{diffs}")
+def test_a_hanging_case_is_killed():
+    result = api_examples.execute({"name": "hang", "source": "while True:\n    pass\n"}, 2)
+    assert "timed out" in result["crash"]
+    result = api_examples.execute({"name": "after", "source": "record('ok', 1)\n"})
+    assert result == {"records": [["ok", 1]], "error": None}

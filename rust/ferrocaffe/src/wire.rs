@@ -235,24 +235,31 @@ fn scan_with(b: &[u8], schema: &Schema, stream: bool) -> Scan {
                 out.extend_from_slice(text.as_bytes());
             }
             Kind::Varint { .. } | Kind::Fixed32 { .. } | Kind::Fixed64 { .. } if wt == 2 => {
-                // Packed values must split evenly into whole elements.
+                // Packed values must split evenly into whole elements. Like the C++ runtime,
+                // a parse that fails inside the list keeps the whole elements before the
+                // failure (ProtoDB writes them back when it closes).
                 let body = &b[s..e];
-                let whole = match kind {
-                    Kind::Fixed32 { .. } => body.len().is_multiple_of(4),
-                    Kind::Fixed64 { .. } => body.len().is_multiple_of(8),
+                let whole_len = match kind {
+                    Kind::Fixed32 { .. } => body.len() - body.len() % 4,
+                    Kind::Fixed64 { .. } => body.len() - body.len() % 8,
                     _ => {
                         let mut p = 0;
-                        let mut okv = true;
+                        let mut last = 0;
                         while p < body.len() {
                             if varint(body, &mut p).is_none() {
-                                okv = false;
                                 break;
                             }
+                            last = p;
                         }
-                        okv
+                        last
                     }
                 };
-                if !whole {
+                if whole_len < body.len() {
+                    if whole_len > 0 {
+                        put_varint(&mut out, key);
+                        put_varint(&mut out, whole_len as u64);
+                        out.extend_from_slice(&body[..whole_len]);
+                    }
                     return fail(out, unknown);
                 }
                 raw(&mut out);
