@@ -25,7 +25,7 @@ fn file_descriptor_set(py: Python<'_>) -> Bound<'_, PyBytes> {
 /// Every operator type the engine knows, sorted.
 #[pyfunction]
 fn registered_operators() -> Vec<&'static str> {
-    ferrocaffe::ops::registered_types().collect()
+    ferrocaffe::schema::registered_types().collect()
 }
 
 /// Decodes `data` as the caffe2 message `kind` (`"NetDef"` or `"caffe2.NetDef"`, ...) in Rust

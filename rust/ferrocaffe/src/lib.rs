@@ -29,6 +29,7 @@ pub mod ops;
 pub mod plan;
 pub mod proto;
 pub mod rnn;
+pub mod schema;
 pub mod serialize;
 pub mod tensor;
 pub mod wire;

@@ -8,8 +8,8 @@ use super::maker::{GradRef, GradientContext, GradientMaker, GradientOutput};
 use super::registry::{GradientKind, Registry};
 use super::text;
 use crate::error::{Error, Result};
-use crate::ops::{self, OpSchema};
 use crate::proto::OperatorDef;
+use crate::schema::{self, OpSchema};
 
 /// The gradient operators and input gradients of `op` given the gradients of its outputs,
 /// with Caffe2's dispatch between native makers and gradient functions.
@@ -36,7 +36,7 @@ impl Resolved {
         Resolved {
             kind: registry.get(op_type).cloned(),
             function: registry.function(op_type).cloned(),
-            schema: ops::lookup(op_type),
+            schema: schema::lookup(op_type),
         }
     }
 

@@ -1,10 +1,7 @@
-//! Operators: schemas (what each op type accepts) and, with the runtime, kernels.
+//! Operators: the operator contract, the registry of kernels and the CPU kernels. The schemas
+//! (what each op type accepts) live one layer down, in [`crate::schema`].
 
 pub mod args;
 pub mod cpu;
 pub mod operator;
 pub mod registry;
-pub mod schema;
-mod schema_table;
-
-pub use schema::{lookup, registered_types, OpSchema};

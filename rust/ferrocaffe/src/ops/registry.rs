@@ -3,13 +3,13 @@
 //! Lookup tries each engine named in the op's `engine` field (comma separated, in order), then
 //! the default engine `""`. CPU factories also serve ops whose device type has no kernel of its
 //! own only when the device is CPU-like (CPU, MKLDNN, IDEEP); a CUDA op without a CUDA kernel is
-//! an error. At creation the op is checked against its schema (`ops::schema`), when it has one.
+//! an error. At creation the op is checked against its schema (`crate::schema`), when it has one.
 
 use std::collections::HashMap;
 
 use super::operator::{OpInit, Operator};
-use super::schema;
 use crate::error::{Error, Result};
+use crate::schema;
 
 /// Builds an operator instance from its definition.
 pub type Factory = fn(&OpInit<'_>) -> Result<Box<dyn Operator>>;

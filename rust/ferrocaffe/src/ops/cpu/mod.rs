@@ -10,8 +10,8 @@
 //! 2. A factory (`fn(&OpInit) -> Result<Box<dyn Operator>>`) runs once per net: read and check
 //!    the arguments there (`init.args.int("axis", 1)?`, `.float`, `.bool`, `.string`,
 //!    `.sizes("shape")?`, `.ints`, `.floats`, `.strings`, `.net`), and fail with
-//!    `init.err("...")`, which names the op. The schema in `ops::schema` (input/output counts,
-//!    in-place rules) is checked before the factory runs; add a `schema_table.rs` entry for a
+//!    `init.err("...")`, which names the op. The schema in `crate::schema` (input/output counts,
+//!    in-place rules) is checked before the factory runs; add a `schema/table.rs` entry for a
 //!    type that has none.
 //! 3. The operator's `run(&mut self, ctx: &mut OpContext)` runs many times with its blobs
 //!    locked. Read with `ctx.input(i)?` (`&Tensor`: `.dims()`, `.dtype()`,

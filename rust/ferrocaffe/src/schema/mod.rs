@@ -1,5 +1,11 @@
 //! Operator schemas: the static facts about an operator type that can be checked without
 //! running it (how many inputs and outputs, which may or must be computed in place).
+//!
+//! A layer of its own, below both the autodiff pass (which reads the in-place rules) and the
+//! runtime (which checks every op against its schema when it is created); it depends only on
+//! [`crate::proto`].
+
+mod table;
 
 use crate::error::{Error, Result};
 use crate::proto::OperatorDef;
@@ -131,7 +137,7 @@ fn range_text((lo, hi): (u32, u32)) -> String {
 
 /// The schema of `op_type`, if the type is known.
 pub fn lookup(op_type: &str) -> Option<&'static OpSchema> {
-    let table = super::schema_table::SCHEMAS;
+    let table = table::SCHEMAS;
     table
         .binary_search_by(|s| s.name.cmp(op_type))
         .ok()
@@ -140,7 +146,7 @@ pub fn lookup(op_type: &str) -> Option<&'static OpSchema> {
 
 /// Every known operator type name, sorted.
 pub fn registered_types() -> impl Iterator<Item = &'static str> {
-    super::schema_table::SCHEMAS.iter().map(|s| s.name)
+    table::SCHEMAS.iter().map(|s| s.name)
 }
 
 #[cfg(test)]

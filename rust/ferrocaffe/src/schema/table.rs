@@ -2,7 +2,7 @@
 //! Caffe2's `OpSchema` declared for it (input/output counts, in-place rules, documented names).
 //! Generated once from the recorded operator catalog; edit by hand from now on.
 
-use super::schema::OpSchema;
+use super::OpSchema;
 
 /// All known schemas, sorted by name (binary-searchable).
 pub static SCHEMAS: &[OpSchema] = &[
