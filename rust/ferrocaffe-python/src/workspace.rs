@@ -302,7 +302,7 @@ impl PyWorkspace {
 /// Op types that have a CPU (or other) kernel, sorted.
 #[pyfunction]
 fn kernel_types() -> Vec<String> {
-    ferrocaffe::kernels::registry()
+    ferrocaffe::runtime::default_registry()
         .types()
         .into_iter()
         .map(str::to_string)

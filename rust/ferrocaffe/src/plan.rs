@@ -22,9 +22,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::net::Net;
 use crate::proto::{ExecutionStep, NetDef, PlanDef};
-use crate::workspace::{Blob, BlobHandle, Workspace};
+use crate::workspace::{Blob, BlobHandle, SharedNet, Workspace};
 
 type ShouldContinue = Arc<dyn Fn(i64) -> bool + Send + Sync>;
 
@@ -34,6 +33,13 @@ struct NetDefInfo<'p> {
 }
 
 type NetDefs<'p> = Mutex<HashMap<String, NetDefInfo<'p>>>;
+
+impl Workspace {
+    /// Runs a plan (see the module docs).
+    pub fn run_plan(self: &Arc<Self>, plan: &PlanDef) -> Result<()> {
+        run_plan(self, plan)
+    }
+}
 
 /// Runs `plan` in `ws`.
 pub fn run_plan(ws: &Arc<Workspace>, plan: &PlanDef) -> Result<()> {
@@ -168,7 +174,7 @@ impl<'p> StepWrapper<'p> {
         })
     }
 
-    fn net(&self, ws: &Arc<Workspace>, name: &str) -> Result<Arc<Mutex<Net>>> {
+    fn net(&self, ws: &Arc<Workspace>, name: &str) -> Result<SharedNet> {
         let mut defs = self.defs.lock();
         let info = defs.get_mut(name).ok_or_else(|| {
             Error::Runtime(format!(
@@ -213,9 +219,9 @@ struct Compiled<'p> {
     _ws: Arc<Workspace>,
     recurring: Vec<StepWrapper<'p>>,
     report_substeps: Vec<StepWrapper<'p>>,
-    networks: Vec<Arc<Mutex<Net>>>,
+    networks: Vec<SharedNet>,
     should_stop: Option<BlobHandle>,
-    report_net: Option<Arc<Mutex<Net>>>,
+    report_net: Option<SharedNet>,
     should_continue: ShouldContinue,
     got_failure: Arc<AtomicBool>,
 }

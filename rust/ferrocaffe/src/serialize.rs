@@ -9,7 +9,7 @@ use prost::Message;
 use crate::error::{Error, Result};
 use crate::proto::{tensor_proto, BlobProto, DeviceOption, TensorProto};
 use crate::tensor::{DataType, Tensor};
-use crate::workspace::Blob;
+use crate::workspace::{Blob, Workspace};
 
 /// Separator between a blob name and its chunk index in DB keys.
 pub const CHUNK_SEPARATOR: &str = "#%";
@@ -95,6 +95,23 @@ pub fn serialize_blob(blob: &Blob, name: &str, chunk_size: i64) -> Result<Vec<(S
             "No known serializer for {}",
             other.caffe2_type_name()
         ))),
+    }
+}
+
+impl Workspace {
+    /// The BlobProto bytes of blob `name` (one record covering the whole blob).
+    pub fn serialize_blob(&self, name: &str) -> Result<Vec<u8>> {
+        let h = self.blob(name)?;
+        let b = h.read();
+        serialize_whole(&b, name)
+    }
+
+    /// Creates or replaces blob `name` from BlobProto bytes.
+    pub fn deserialize_blob(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        let mut fresh = Blob::Empty;
+        deserialize_whole(&mut fresh, bytes)?;
+        *self.create_blob(name).write() = fresh;
+        Ok(())
     }
 }
 

@@ -24,9 +24,20 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 use crate::error::{Error, Result};
-use crate::net::Net;
-use crate::proto::{NetDef, OperatorDef, PlanDef};
+use crate::ops::registry::Registry;
 use crate::tensor::Tensor;
+
+/// A net instantiated in a workspace. The executors live above this layer ([`crate::net`]);
+/// the workspace keeps created nets through this trait so that it does not depend on them.
+pub trait CreatedNet: Send {
+    /// The net's name.
+    fn name(&self) -> &str;
+    /// Runs every op of the net once.
+    fn run(&mut self) -> Result<()>;
+}
+
+/// A created net, shared: one run at a time.
+pub type SharedNet = Arc<Mutex<dyn CreatedNet>>;
 
 /// A shared, lockable blob.
 pub type BlobHandle = Arc<RwLock<Blob>>;
@@ -156,10 +167,11 @@ fn unreachable_tensor() -> ! {
 /// Named blobs and nets.
 pub struct Workspace {
     blobs: RwLock<HashMap<String, BlobHandle>>,
-    nets: Mutex<HashMap<String, Arc<Mutex<Net>>>>,
+    nets: Mutex<HashMap<String, SharedNet>>,
     parent: Option<Arc<Workspace>>,
     forwarded: RwLock<HashMap<String, (Arc<Workspace>, String)>>,
     root_folder: RwLock<String>,
+    registry: Arc<Registry>,
 }
 
 impl fmt::Debug for Workspace {
@@ -169,15 +181,17 @@ impl fmt::Debug for Workspace {
 }
 
 impl Workspace {
-    /// A new root workspace.
-    pub fn new() -> Arc<Workspace> {
-        Self::build(None, HashMap::new(), ".".to_string())
+    /// A new root workspace that creates its operators from `registry`.
+    /// ([`Workspace::new`], in [`crate::runtime`], uses the registry of every built-in kernel.)
+    pub fn with_registry(registry: Arc<Registry>) -> Arc<Workspace> {
+        Self::build(None, HashMap::new(), ".".to_string(), registry)
     }
 
     fn build(
         parent: Option<Arc<Workspace>>,
         forwarded: HashMap<String, (Arc<Workspace>, String)>,
         root: String,
+        registry: Arc<Registry>,
     ) -> Arc<Workspace> {
         Arc::new(Workspace {
             blobs: RwLock::new(HashMap::new()),
@@ -185,12 +199,24 @@ impl Workspace {
             parent,
             forwarded: RwLock::new(forwarded),
             root_folder: RwLock::new(root),
+            registry,
         })
+    }
+
+    /// The operator registry ops of this workspace are created from (children share their
+    /// parent's).
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
     }
 
     /// A child whose lookups fall through to `parent`.
     pub fn new_child(parent: &Arc<Workspace>) -> Arc<Workspace> {
-        Self::build(Some(parent.clone()), HashMap::new(), parent.root_folder())
+        Self::build(
+            Some(parent.clone()),
+            HashMap::new(),
+            parent.root_folder(),
+            parent.registry.clone(),
+        )
     }
 
     /// A workspace that sees only the given blobs of `parent`, each under an inner name
@@ -208,7 +234,12 @@ impl Workspace {
             }
             fwd.insert(inner.clone(), (parent.clone(), outer.clone()));
         }
-        Ok(Self::build(None, fwd, parent.root_folder()))
+        Ok(Self::build(
+            None,
+            fwd,
+            parent.root_folder(),
+            parent.registry.clone(),
+        ))
     }
 
     /// Forwards more blobs of `parent` under inner names (`(inner, outer)` pairs). A name that is
@@ -360,49 +391,42 @@ impl Workspace {
         }
     }
 
-    /// The BlobProto bytes of blob `name` (one record covering the whole blob).
-    pub fn serialize_blob(&self, name: &str) -> Result<Vec<u8>> {
-        let h = self.blob(name)?;
-        let b = h.read();
-        crate::serialize::serialize_whole(&b, name)
-    }
-
-    /// Creates or replaces blob `name` from BlobProto bytes.
-    pub fn deserialize_blob(&self, name: &str, bytes: &[u8]) -> Result<()> {
-        let mut fresh = Blob::Empty;
-        crate::serialize::deserialize_whole(&mut fresh, bytes)?;
-        *self.create_blob(name).write() = fresh;
-        Ok(())
-    }
-
     /// Forgets every blob and net.
     pub fn reset(&self) {
         self.nets.lock().clear();
         self.blobs.write().clear();
     }
 
-    /// Instantiates `def` and keeps it under its name. Without `overwrite`, an existing net of
-    /// that name is an error.
-    pub fn create_net(self: &Arc<Self>, def: &NetDef, overwrite: bool) -> Result<Arc<Mutex<Net>>> {
-        let name = def.name().to_string();
-        {
-            let mut nets = self.nets.lock();
-            if nets.contains_key(&name) {
-                if !overwrite {
-                    return Err(Error::Runtime(format!(
-                        "I respectfully refuse to overwrite an existing net of the same name \"{name}\", unless you explicitly specify overwrite=true."
-                    )));
-                }
-                nets.remove(&name);
-            }
+    /// Keeps `net` under `name`. Without `overwrite`, an existing net of that name is an
+    /// error. (Nets are instantiated by [`crate::net`]; see `Workspace::create_net` there.)
+    pub fn insert_net(&self, name: &str, net: SharedNet, overwrite: bool) -> Result<()> {
+        let mut nets = self.nets.lock();
+        if nets.contains_key(name) && !overwrite {
+            return Err(Error::Runtime(format!(
+                "I respectfully refuse to overwrite an existing net of the same name \"{name}\", unless you explicitly specify overwrite=true."
+            )));
         }
-        let net = Arc::new(Mutex::new(Net::new(def, self)?));
-        self.nets.lock().insert(name, net.clone());
-        Ok(net)
+        nets.insert(name.to_string(), net);
+        Ok(())
+    }
+
+    /// Whether a net of that name exists, checked before instantiating a replacement (Caffe2
+    /// refuses before it builds anything).
+    pub fn check_net_name_free(&self, name: &str, overwrite: bool) -> Result<()> {
+        let mut nets = self.nets.lock();
+        if nets.contains_key(name) {
+            if !overwrite {
+                return Err(Error::Runtime(format!(
+                    "I respectfully refuse to overwrite an existing net of the same name \"{name}\", unless you explicitly specify overwrite=true."
+                )));
+            }
+            nets.remove(name);
+        }
+        Ok(())
     }
 
     /// A created net.
-    pub fn get_net(&self, name: &str) -> Option<Arc<Mutex<Net>>> {
+    pub fn get_net(&self, name: &str) -> Option<SharedNet> {
         self.nets.lock().get(name).cloned()
     }
 
@@ -428,21 +452,6 @@ impl Workspace {
             net.run()?;
         }
         Ok(())
-    }
-
-    /// Instantiates and runs a net once without keeping it.
-    pub fn run_net_once(self: &Arc<Self>, def: &NetDef) -> Result<()> {
-        Net::new(def, self)?.run()
-    }
-
-    /// Instantiates and runs one operator.
-    pub fn run_operator_once(self: &Arc<Self>, def: &OperatorDef) -> Result<()> {
-        crate::net::OpInstance::new(def, self)?.run(self)
-    }
-
-    /// Runs a plan (see [`crate::plan`]).
-    pub fn run_plan(self: &Arc<Self>, plan: &PlanDef) -> Result<()> {
-        crate::plan::run_plan(self, plan)
     }
 }
 

@@ -4,8 +4,13 @@
 //! * `dag`, `async_dag`, `async_scheduling`, `prof_dag`, `async_simple`: ops whose dependencies
 //!   are done run on a worker pool of `num_workers` threads ([`dag`]); results equal `simple`.
 //!
-//! Ops that run nested nets (`Do`, `If`, `While`) live in [`control`] and register themselves
-//! in the global registry ([`crate::kernels`]).
+//! Ops are created from the registry their workspace holds ([`Workspace::registry`]). Ops that
+//! run nested nets (`Do`, `If`, `While`) live in [`control`], above the executors; the default
+//! registry ([`crate::runtime`]) registers them beside the kernels.
+//!
+//! This module also gives [`Workspace`] the methods that instantiate nets and ops
+//! (`create_net`, `run_net_once`, `run_operator_once`): the workspace keeps created nets but
+//! does not depend on the executors.
 
 pub mod control;
 pub mod dag;
@@ -14,12 +19,13 @@ pub mod simple;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Weak};
 
+use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
 use crate::ops::operator::{op_error, InSlot, OpContext, OpInit, Operator};
 use crate::proto::{NetDef, OperatorDef};
-use crate::workspace::{BlobHandle, Workspace};
+use crate::workspace::{BlobHandle, CreatedNet, SharedNet, Workspace};
 
 #[derive(Clone, Copy)]
 enum InKind {
@@ -47,10 +53,9 @@ impl OpInstance {
     /// Instantiates `def` in `ws`: checks its schema, resolves its inputs (which must exist),
     /// creates its outputs and calls its factory.
     pub fn new(def: &OperatorDef, ws: &Arc<Workspace>) -> Result<OpInstance> {
-        let registry = crate::kernels::registry();
         let init = OpInit::new(def, ws);
         let op_type = def.r#type();
-        let factory = registry.resolve(def)?;
+        let factory = ws.registry().resolve(def)?;
         let mut inputs = Vec::with_capacity(def.input.len());
         for name in &def.input {
             match ws.get_blob(name) {
@@ -285,5 +290,37 @@ impl Net {
             Executor::Simple(s) => s.run(&ws),
             Executor::Dag(d) => d.run(&ws),
         }
+    }
+}
+
+impl CreatedNet for Net {
+    fn name(&self) -> &str {
+        Net::name(self)
+    }
+
+    fn run(&mut self) -> Result<()> {
+        Net::run(self)
+    }
+}
+
+impl Workspace {
+    /// Instantiates `def` and keeps it under its name. Without `overwrite`, an existing net of
+    /// that name is an error (raised before anything is instantiated, as in Caffe2).
+    pub fn create_net(self: &Arc<Self>, def: &NetDef, overwrite: bool) -> Result<SharedNet> {
+        let name = def.name();
+        self.check_net_name_free(name, overwrite)?;
+        let net: SharedNet = Arc::new(Mutex::new(Net::new(def, self)?));
+        self.insert_net(name, net.clone(), true)?;
+        Ok(net)
+    }
+
+    /// Instantiates and runs a net once without keeping it.
+    pub fn run_net_once(self: &Arc<Self>, def: &NetDef) -> Result<()> {
+        Net::new(def, self)?.run()
+    }
+
+    /// Instantiates and runs one operator.
+    pub fn run_operator_once(self: &Arc<Self>, def: &OperatorDef) -> Result<()> {
+        OpInstance::new(def, self)?.run(self)
     }
 }

@@ -6,6 +6,7 @@
 //! an error. At creation the op is checked against its schema (`crate::schema`), when it has one.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::operator::{OpInit, Operator};
 use crate::error::{Error, Result};
@@ -38,16 +39,27 @@ pub fn device_name(d: i32) -> String {
     }
 }
 
-/// Factories by (type, device, engine).
+/// Factories by (type, device, engine), optionally layered over a parent registry: a lookup
+/// that finds no factory for an op type here falls through to the parent (as the gradient
+/// registry does), so a workspace can hold its own operators over the built-in ones.
 #[derive(Default)]
 pub struct Registry {
     map: HashMap<String, HashMap<(i32, String), Factory>>,
+    parent: Option<Arc<Registry>>,
 }
 
 impl Registry {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty registry whose lookups fall through to `parent` for op types it lacks.
+    pub fn layered(parent: Arc<Registry>) -> Self {
+        Registry {
+            map: HashMap::new(),
+            parent: Some(parent),
+        }
     }
 
     /// Registers `factory` for `op_type` on `device` with `engine` (`""` = default engine).
@@ -73,7 +85,9 @@ impl Registry {
 
     /// The factory for (type, device, engine list), with engine and CPU-like fallbacks.
     pub fn lookup(&self, op_type: &str, device: i32, engine: &str) -> Option<Factory> {
-        let by_key = self.map.get(op_type)?;
+        let Some(by_key) = self.map.get(op_type) else {
+            return self.parent.as_ref()?.lookup(op_type, device, engine);
+        };
         let devices: &[i32] = match device {
             device::MKLDNN | device::IDEEP => &[device, device::CPU],
             d => std::slice::from_ref(match d {
@@ -95,15 +109,19 @@ impl Registry {
         None
     }
 
-    /// Whether any kernel is registered for `op_type`.
+    /// Whether any kernel is registered for `op_type` (here or in a parent).
     pub fn has_type(&self, op_type: &str) -> bool {
-        self.map.contains_key(op_type)
+        self.map.contains_key(op_type) || self.parent.as_ref().is_some_and(|p| p.has_type(op_type))
     }
 
-    /// Every op type with a kernel, sorted.
+    /// Every op type with a kernel (here or in a parent), sorted.
     pub fn types(&self) -> Vec<&str> {
         let mut v: Vec<&str> = self.map.keys().map(String::as_str).collect();
+        if let Some(p) = &self.parent {
+            v.extend(p.types());
+        }
         v.sort_unstable();
+        v.dedup();
         v
     }
 
