@@ -178,7 +178,9 @@ impl PyWorkspace {
         let snap = {
             let b = h.read();
             match &*b {
-                Blob::Tensor(t) => t.snapshot(),
+                // A tensor on a device comes back as a host copy, as Caffe2's FetchBlob does.
+                Blob::Tensor(t) if t.is_host() => t.snapshot(),
+                Blob::Tensor(t) => t.to_host().py()?.snapshot(),
                 Blob::Bytes(v) => return Ok(PyBytes::new(py, v).into_any()),
                 other => {
                     // As Caffe2: a description of what the blob holds.

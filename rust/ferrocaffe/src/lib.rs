@@ -21,6 +21,7 @@
 
 pub mod autodiff;
 pub mod blas;
+pub mod device;
 pub mod error;
 pub mod graph;
 pub mod net;

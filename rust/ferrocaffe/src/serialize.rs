@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use prost::Message;
 
+use crate::device::DeviceType;
 use crate::error::{Error, Result};
 use crate::proto::{tensor_proto, BlobProto, DeviceOption, TensorProto};
 use crate::tensor::{DataType, Tensor};
@@ -23,13 +24,14 @@ fn rt(msg: impl std::fmt::Display) -> Error {
 
 /// The TensorProto of values `[begin, end)` of `t`, stored as `name`.
 pub fn tensor_chunk(t: &Tensor, name: &str, begin: usize, end: usize) -> Result<TensorProto> {
-    let full = t.to_proto(None);
+    // A tensor on a device is serialized from a host copy (Caffe2 copies it to the CPU too).
+    let full = t.to_host()?.to_proto(None);
     let mut p = TensorProto {
         dims: full.dims,
         data_type: full.data_type,
         name: Some(name.to_string()),
         device_detail: Some(DeviceOption {
-            device_type: Some(0),
+            device_type: Some(DeviceType::Cpu.to_proto()),
             ..Default::default()
         }),
         segment: Some(tensor_proto::Segment {

@@ -20,6 +20,17 @@
 //!
 //! Memory of new buffers is zeroed and 64-byte aligned. A resize that fits the current buffer
 //! (uniquely owned) keeps it, as Caffe2 keeps capacity when a tensor shrinks.
+//!
+//! # Devices
+//!
+//! A tensor knows its [`Device`]. Its buffer is host memory, or memory a device backend owns
+//! ([`DeviceMemory`], made with [`Tensor::on_device`]). Host code cannot slice device memory
+//! by accident: the typed accessors ([`Tensor::as_slice`], [`Tensor::as_mut_slice`],
+//! [`Tensor::as_strings`], ...) return an error naming the device, the raw byte views
+//! ([`Tensor::bytes`], [`Tensor::bytes_mut`]) are empty, and [`Tensor::to_host`] copies the
+//! elements out. Device buffers are never written through host code, so copies of a device
+//! tensor share its buffer; writing a CPU result into a blob that held one replaces it
+//! with host memory.
 
 use std::alloc::{self, Layout};
 use std::any::Any;
@@ -30,6 +41,7 @@ use std::sync::Arc;
 
 use half::f16;
 
+use crate::device::{not_on_host, Device, DeviceMemory};
 use crate::error::{Error, Result};
 use crate::proto::{tensor_proto, TensorProto};
 
@@ -218,6 +230,8 @@ enum Buffer {
     },
     /// Byte strings, one per element.
     Strings(Vec<Vec<u8>>),
+    /// Memory on a device (never read or written through host slices).
+    Device(Box<dyn DeviceMemory>),
 }
 
 // SAFETY: `External` memory is only read, and its owner is Send + Sync.
@@ -235,7 +249,14 @@ impl Buffer {
             // SAFETY: the creator of an External buffer promised validity for `len` bytes
             // while `_owner` lives.
             Buffer::External { ptr, len, .. } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
-            Buffer::Strings(_) => &[],
+            Buffer::Strings(_) | Buffer::Device(_) => &[],
+        }
+    }
+
+    fn device(&self) -> Device {
+        match self {
+            Buffer::Device(m) => m.device(),
+            _ => Device::Cpu,
         }
     }
 
@@ -244,12 +265,16 @@ impl Buffer {
             Buffer::Owned(b) => b.len,
             Buffer::External { len, .. } => *len,
             Buffer::Strings(v) => v.len() * DataType::String.item_size(),
+            Buffer::Device(m) => m.byte_len(),
         }
     }
 
     fn deep_copy(&self) -> Buffer {
         match self {
             Buffer::Strings(v) => Buffer::Strings(v.clone()),
+            // Host writes are refused before they reach a device buffer (see `Tensor`), so no
+            // copy-on-write of one ever happens.
+            Buffer::Device(m) => device_buffer_written(m.device()),
             other => Buffer::Owned(AlignedBytes::from_bytes(other.bytes())),
         }
     }
@@ -300,6 +325,11 @@ impl Storage {
         // run concurrently (module docs); the enum itself is never modified through this.
         unsafe { &mut *Arc::as_ptr(&*self.buf.get()).cast_mut() }
     }
+}
+
+#[cold]
+fn device_buffer_written(device: Device) -> ! {
+    panic!("internal error: host code tried to write a buffer on {device}")
 }
 
 #[cold]
@@ -543,7 +573,87 @@ impl Tensor {
         Arc::ptr_eq(&self.storage, &other.storage)
     }
 
+    /// The device the tensor's memory is on.
+    pub fn device(&self) -> Device {
+        self.storage.buffer().device()
+    }
+
+    /// Whether host code can read the elements (the memory is on the host).
+    pub fn is_host(&self) -> bool {
+        self.device().is_host()
+    }
+
+    fn check_host(&self) -> Result<()> {
+        match self.device() {
+            Device::Cpu => Ok(()),
+            d => Err(not_on_host(
+                d,
+                &format!("a tensor of {} {:?}", self.dtype, self.dims),
+            )),
+        }
+    }
+
+    /// A tensor of `dtype` and `dims` whose elements are `memory` on a device (made by a
+    /// device backend).
+    ///
+    /// # Errors
+    /// Strings (which live on the host only), or memory of another size than the shape needs.
+    pub fn on_device(
+        dtype: DataType,
+        dims: &[usize],
+        memory: Box<dyn DeviceMemory>,
+    ) -> Result<Tensor> {
+        if dtype == DataType::String {
+            return Err(Error::InvalidArgument(
+                "string tensors live on the host only".into(),
+            ));
+        }
+        let need = dims
+            .iter()
+            .try_fold(dtype.item_size(), |a, &d| a.checked_mul(d))
+            .ok_or_else(|| Error::InvalidArgument(format!("tensor shape {dims:?} overflows")))?;
+        if memory.byte_len() != need {
+            return Err(Error::InvalidArgument(format!(
+                "device memory of {} bytes for a {dtype} tensor of shape {dims:?} ({need} bytes)",
+                memory.byte_len()
+            )));
+        }
+        Ok(Tensor {
+            dims: dims.to_vec(),
+            dtype,
+            storage: Storage::new(Buffer::Device(memory)),
+            offset: 0,
+        })
+    }
+
+    /// The tensor with its elements in host memory: itself (shared copy-on-write) when it is
+    /// there already, else a copy from the device.
+    ///
+    /// # Errors
+    /// The device backend's copy failed, or the host buffer cannot be allocated.
+    pub fn to_host(&self) -> Result<Tensor> {
+        let buf = self.storage.buffer();
+        let Buffer::Device(mem) = &**buf else {
+            return Ok(self.clone());
+        };
+        let item = self.dtype.item_size();
+        let len = self.numel().checked_mul(item);
+        let start = self.offset.checked_mul(item);
+        let (Some(len), Some(start)) = (len, start) else {
+            return Err(Error::InvalidArgument(format!(
+                "tensor shape {:?} overflows",
+                self.dims
+            )));
+        };
+        let mut host = Tensor::new(self.dtype, &self.dims);
+        mem.copy_to_host(start, host.bytes_mut()).map_err(|e| {
+            Error::Runtime(format!("copying {len} bytes from {}: {e}", mem.device()))
+        })?;
+        Ok(host)
+    }
+
     fn check<T: Element>(&self) -> Result<()> {
+        self.check_host()?;
         if self.dtype != T::DTYPE {
             return Err(Error::InvalidArgument(format!(
                 "tensor holds {}, not {}",
@@ -596,6 +706,7 @@ impl Tensor {
 
     /// The strings of a string tensor.
     pub fn as_strings(&self) -> Result<&[Vec<u8>]> {
+        self.check_host()?;
         match &**self.storage.buffer() {
             Buffer::Strings(v) if self.dtype == DataType::String => {
                 Ok(&v[self.offset..self.offset + self.numel()])
@@ -609,6 +720,7 @@ impl Tensor {
 
     /// The strings of a string tensor, for writing.
     pub fn as_strings_mut(&mut self) -> Result<&mut [Vec<u8>]> {
+        self.check_host()?;
         if self.dtype != DataType::String {
             return Err(Error::InvalidArgument(format!(
                 "tensor holds {}, not strings",
@@ -624,7 +736,7 @@ impl Tensor {
         }
     }
 
-    /// The raw bytes of the elements (not for strings).
+    /// The raw bytes of the elements (not for strings; empty for memory on a device).
     pub fn bytes(&self) -> &[u8] {
         let n = self.numel() * self.dtype.item_size();
         let start = self.offset * self.dtype.item_size();
@@ -632,8 +744,11 @@ impl Tensor {
         &b[start.min(b.len())..(start + n).min(b.len())]
     }
 
-    /// The raw bytes for writing (not for strings).
+    /// The raw bytes for writing (not for strings; empty for memory on a device).
     pub fn bytes_mut(&mut self) -> &mut [u8] {
+        if !self.is_host() {
+            return &mut [];
+        }
         let n = self.numel() * self.dtype.item_size();
         let start = self.offset * self.dtype.item_size();
         match self.storage.buffer_mut() {
@@ -656,7 +771,7 @@ impl Tensor {
     /// Whether writing would not copy: the buffer belongs to this storage alone and is owned.
     fn owns_buffer(&self) -> bool {
         let b = self.storage.buffer();
-        Arc::strong_count(b) == 1 && !matches!(**b, Buffer::External { .. })
+        Arc::strong_count(b) == 1 && !matches!(**b, Buffer::External { .. } | Buffer::Device(_))
     }
 
     /// Makes this tensor hold `dtype` elements in shape `dims`, keeping the buffer when it is
@@ -746,7 +861,8 @@ impl Tensor {
         }
     }
 
-    /// A read-only copy-on-write handle on the current data.
+    /// A read-only copy-on-write handle on the current data. For a tensor on a device its
+    /// bytes are empty: take the snapshot of [`to_host`](Self::to_host) to read the values.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             buf: self.storage.buffer().clone(),
@@ -758,7 +874,8 @@ impl Tensor {
 
     /// Copies `src` into this tensor (dtype and shape included), reusing this buffer if possible.
     pub fn copy_from(&mut self, src: &Tensor) {
-        if src.dtype == DataType::String {
+        // Strings, and device memory (never written through the host), are shared.
+        if src.dtype == DataType::String || !src.is_host() {
             *self = src.clone();
             return;
         }
@@ -820,6 +937,9 @@ impl Tensor {
     }
 
     /// Serializes to a `TensorProto` (values in the fields Caffe2 uses for each dtype).
+    ///
+    /// The tensor must be on the host ([`to_host`](Self::to_host) first): device memory gives
+    /// no values here.
     pub fn to_proto(&self, name: Option<&str>) -> TensorProto {
         let mut p = TensorProto {
             dims: self.dims.iter().map(|&d| d as i64).collect(),
@@ -949,6 +1069,85 @@ impl Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Device memory for tests: bytes kept aside, reachable only through `copy_to_host`.
+    struct FakeDeviceMemory(Vec<u8>);
+
+    impl DeviceMemory for FakeDeviceMemory {
+        fn device(&self) -> Device {
+            Device::Cuda(0)
+        }
+        fn byte_len(&self) -> usize {
+            self.0.len()
+        }
+        fn copy_to_host(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+            let src = offset
+                .checked_add(dst.len())
+                .and_then(|end| self.0.get(offset..end))
+                .ok_or_else(|| Error::InvalidArgument("range outside the memory".into()))?;
+            dst.copy_from_slice(src);
+            Ok(())
+        }
+    }
+
+    fn on_fake_device(values: &[f32]) -> Tensor {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        Tensor::on_device(
+            DataType::Float,
+            &[values.len()],
+            Box::new(FakeDeviceMemory(bytes)),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn device_memory_is_not_sliced_by_host_code() {
+        let mut t = on_fake_device(&[1.0, 2.0, 3.0]);
+        assert_eq!(t.device(), Device::Cuda(0));
+        assert!(!t.is_host());
+        let e = t.as_slice::<f32>().unwrap_err().to_string();
+        assert!(
+            e.contains("CUDA:0") && e.contains("copy it to the CPU"),
+            "{e}"
+        );
+        assert!(t.as_mut_slice::<f32>().is_err());
+        assert!(t.as_strings().is_err() && t.get_f64(0).is_err());
+        assert!(t.bytes().is_empty() && t.bytes_mut().is_empty());
+        // Copies share the device buffer; the host copy has the values.
+        let mut c = Tensor::default();
+        c.copy_from(&t);
+        assert_eq!(c.device(), Device::Cuda(0));
+        let h = t.to_host().unwrap();
+        assert!(h.is_host());
+        assert_eq!(h.as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0]);
+        // A view copies only its own range; a host write replaces the device buffer.
+        let v = t.view(1, &[2]).unwrap();
+        assert_eq!(v.to_host().unwrap().as_slice::<f32>().unwrap(), &[2.0, 3.0]);
+        t.ensure::<f32>(&[2]).copy_from_slice(&[5.0, 6.0]);
+        assert!(t.is_host());
+        assert_eq!(t.as_slice::<f32>().unwrap(), &[5.0, 6.0]);
+    }
+
+    #[test]
+    fn device_memory_of_the_wrong_size_is_refused() {
+        let e = Tensor::on_device(
+            DataType::Float,
+            &[4],
+            Box::new(FakeDeviceMemory(vec![0; 8])),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("8 bytes") && e.contains("16 bytes"), "{e}");
+        assert!(
+            Tensor::on_device(DataType::String, &[1], Box::new(FakeDeviceMemory(vec![]))).is_err()
+        );
+        let huge = Tensor::on_device(
+            DataType::Float,
+            &[usize::MAX, 2],
+            Box::new(FakeDeviceMemory(vec![])),
+        );
+        assert!(huge.is_err());
+    }
 
     #[test]
     fn clone_is_copy_on_write() {

@@ -89,13 +89,56 @@ pub fn set_small_kernels_enabled(enabled: bool) {
     SMALL_ENABLED.store(enabled, Ordering::Relaxed);
 }
 
-/// The instruction set `sgemm` would run this product on with the small-dimension kernels.
-#[cfg(target_arch = "x86_64")]
-fn small_kernels(trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize) -> Option<small::Isa> {
-    if !SMALL_ENABLED.load(Ordering::Relaxed) {
-        return None;
+/// How one product is run: which backend and which kernels. Kernels take it from their op
+/// context ([`crate::ops::operator::OpContext::gemm`]) and hand it to [`sgemm_with`]; the
+/// process-wide switches ([`set_cblas_enabled`], [`set_small_kernels_enabled`]) only give the
+/// default ([`GemmContext::current`]) that a context starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemmContext {
+    /// Use the loaded CBLAS library, when one is loaded.
+    pub cblas: bool,
+    /// Use this crate's small-dimension kernels where they apply.
+    pub small_kernels: bool,
+}
+
+impl Default for GemmContext {
+    fn default() -> Self {
+        GemmContext {
+            cblas: true,
+            small_kernels: true,
+        }
     }
-    small::applies(trans_a, trans_b, m, n, k)
+}
+
+impl GemmContext {
+    /// The process default: the switches as they are set now.
+    pub fn current() -> Self {
+        GemmContext {
+            cblas: CBLAS_ENABLED.load(Ordering::Relaxed),
+            small_kernels: SMALL_ENABLED.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The CBLAS library this context runs products on, if any.
+    fn cblas(&self) -> Option<&'static Cblas> {
+        CBLAS.get().filter(|_| self.cblas)
+    }
+
+    /// The instruction set a product would run on with the small-dimension kernels.
+    #[cfg(target_arch = "x86_64")]
+    fn small_kernels(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Option<small::Isa> {
+        if !self.small_kernels {
+            return None;
+        }
+        small::applies(trans_a, trans_b, m, n, k)
+    }
 }
 
 /// Loads a CBLAS shared library and uses its `sgemm` from now on. Loading the library that
@@ -181,9 +224,7 @@ pub(crate) fn part_len(items: usize, work: usize) -> usize {
 }
 
 fn active_cblas() -> Option<&'static Cblas> {
-    CBLAS
-        .get()
-        .filter(|_| CBLAS_ENABLED.load(Ordering::Relaxed))
+    GemmContext::current().cblas()
 }
 
 /// `C = alpha * op(A) * op(B) + beta * C` for row-major f32 matrices, where `op(A)` is
@@ -204,11 +245,44 @@ pub fn sgemm(
     beta: f32,
     c: &mut [f32],
 ) {
+    sgemm_with(
+        &GemmContext::current(),
+        trans_a,
+        trans_b,
+        m,
+        n,
+        k,
+        alpha,
+        a,
+        b,
+        beta,
+        c,
+    );
+}
+
+/// [`sgemm`] run as `ctx` says (backend and kernels).
+///
+/// # Panics
+/// If a slice is shorter than its matrix (callers check shapes first).
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_with(
+    ctx: &GemmContext,
+    trans_a: bool,
+    trans_b: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+) {
     assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
     if m == 0 || n == 0 {
         return;
     }
-    if let Some(cblas) = active_cblas() {
+    if let Some(cblas) = ctx.cblas() {
         let t = |x| if x { CBLAS_TRANS } else { CBLAS_NO_TRANS };
         let (ta, tb) = (t(trans_a), t(trans_b));
         // Tight row-major leading dimensions; BLAS does not read C when beta is 0 (as the
@@ -275,7 +349,7 @@ pub fn sgemm(
     // A loaded CBLAS library (above) takes every product: its worker threads spin after each
     // call, and a second pool beside them would fight them for the cores.
     #[cfg(target_arch = "x86_64")]
-    if let Some(isa) = small_kernels(trans_a, trans_b, m, n, k) {
+    if let Some(isa) = ctx.small_kernels(trans_a, trans_b, m, n, k) {
         small::sgemm(isa, trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
         return;
     }

@@ -22,6 +22,8 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
+use crate::blas::GemmContext;
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ops::operator::{op_error, InSlot, OpContext, OpInit, Operator};
 use crate::proto::{NetDef, OperatorDef};
@@ -37,6 +39,7 @@ enum InKind {
 /// One instantiated operator with its blobs.
 pub struct OpInstance {
     def: OperatorDef,
+    device: Device,
     op: Box<dyn Operator>,
     inputs: Vec<BlobHandle>,
     outputs: Vec<BlobHandle>,
@@ -53,9 +56,10 @@ impl OpInstance {
     /// Instantiates `def` in `ws`: checks its schema, resolves its inputs (which must exist),
     /// creates its outputs and calls its factory.
     pub fn new(def: &OperatorDef, ws: &Arc<Workspace>) -> Result<OpInstance> {
-        let init = OpInit::new(def, ws);
+        let mut init = OpInit::new(def, ws);
         let op_type = def.r#type();
         let factory = ws.registry().resolve(def)?;
+        init.device = Device::of_option(def.device_option.as_ref())?;
         let mut inputs = Vec::with_capacity(def.input.len());
         for name in &def.input {
             match ws.get_blob(name) {
@@ -71,6 +75,7 @@ impl OpInstance {
         let outputs: Vec<BlobHandle> = def.output.iter().map(|n| ws.create_blob(n)).collect();
         let op = factory(&init)?;
         let mut inst = Self::assemble(def.clone(), op, inputs, outputs);
+        inst.device = init.device;
         inst.control = def
             .control_input
             .iter()
@@ -119,6 +124,7 @@ impl OpInstance {
         lock_order.sort_by_key(addr);
         OpInstance {
             def,
+            device: Device::Cpu,
             op,
             inputs,
             outputs,
@@ -178,6 +184,9 @@ impl OpInstance {
         let mut ctx = OpContext {
             ws,
             def: &self.def,
+            device: self.device,
+            gemm: GemmContext::current(),
+            handles: None,
             in_handles: &self.inputs,
             out_handles: &self.outputs,
             ins,

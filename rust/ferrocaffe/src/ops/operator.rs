@@ -12,6 +12,8 @@ use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
 
 use super::args::{display_name, Args};
+use crate::blas::GemmContext;
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::proto::OperatorDef;
 use crate::tensor::Tensor;
@@ -49,6 +51,8 @@ pub struct OpInit<'a> {
     pub ws: &'a Arc<Workspace>,
     /// Typed argument access.
     pub args: Args<'a>,
+    /// The device the op runs on (from its device option; CPU-like types run on the host).
+    pub device: Device,
 }
 
 impl<'a> OpInit<'a> {
@@ -58,6 +62,7 @@ impl<'a> OpInit<'a> {
             def,
             ws,
             args: Args::new(def),
+            device: Device::of_option(def.device_option.as_ref()).unwrap_or_default(),
         }
     }
 
@@ -104,12 +109,20 @@ pub(crate) enum InSlot<'a> {
     Unlocked,
 }
 
-/// What a kernel sees while it runs: its blobs (locked) and its workspace.
+/// What a kernel sees while it runs: its blobs (locked), its workspace, its device and how it
+/// runs matrix products.
 pub struct OpContext<'a> {
     /// The workspace the op runs in.
     pub ws: &'a Arc<Workspace>,
     /// The op's definition.
     pub def: &'a OperatorDef,
+    /// The device the op runs on.
+    pub device: Device,
+    /// How the op's matrix products run ([`crate::blas::sgemm_with`]).
+    pub gemm: GemmContext,
+    /// The device backend's per-device handles (stream, BLAS handle) for ops on a device;
+    /// `None` on the host.
+    pub handles: Option<&'a (dyn std::any::Any + Send + Sync)>,
     pub(crate) in_handles: &'a [BlobHandle],
     pub(crate) out_handles: &'a [BlobHandle],
     pub(crate) ins: SmallVec<[InSlot<'a>; 4]>,

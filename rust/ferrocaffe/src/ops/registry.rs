@@ -9,42 +9,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::operator::{OpInit, Operator};
+use crate::device::DeviceType;
 use crate::error::{Error, Result};
 use crate::schema;
 
 /// Builds an operator instance from its definition.
 pub type Factory = fn(&OpInit<'_>) -> Result<Box<dyn Operator>>;
 
-/// Device type numbers (`caffe2.DeviceTypeProto`).
-pub mod device {
-    /// CPU.
-    pub const CPU: i32 = 0;
-    /// CUDA.
-    pub const CUDA: i32 = 1;
-    /// MKLDNN (runs CPU kernels here).
-    pub const MKLDNN: i32 = 2;
-    /// IDEEP (runs CPU kernels here).
-    pub const IDEEP: i32 = 5;
-}
-
-/// Name of a device type for messages.
-pub fn device_name(d: i32) -> String {
-    match d {
-        0 => "CPU".into(),
-        1 => "CUDA".into(),
-        2 => "MKLDNN".into(),
-        5 => "IDEEP".into(),
-        6 => "HIP".into(),
-        other => format!("device type {other}"),
-    }
-}
-
 /// Factories by (type, device, engine), optionally layered over a parent registry: a lookup
 /// that finds no factory for an op type here falls through to the parent (as the gradient
 /// registry does), so a workspace can hold its own operators over the built-in ones.
 #[derive(Default)]
 pub struct Registry {
-    map: HashMap<String, HashMap<(i32, String), Factory>>,
+    map: HashMap<String, HashMap<(DeviceType, String), Factory>>,
     parent: Option<Arc<Registry>>,
 }
 
@@ -64,7 +41,7 @@ impl Registry {
 
     /// Registers `factory` for `op_type` on `device` with `engine` (`""` = default engine).
     /// A later registration of the same key replaces the earlier one.
-    pub fn register(&mut self, op_type: &str, device: i32, engine: &str, factory: Factory) {
+    pub fn register(&mut self, op_type: &str, device: DeviceType, engine: &str, factory: Factory) {
         self.map
             .entry(op_type.to_string())
             .or_default()
@@ -73,7 +50,7 @@ impl Registry {
 
     /// Registers a default-engine CPU factory.
     pub fn cpu(&mut self, op_type: &str, factory: Factory) {
-        self.register(op_type, device::CPU, "", factory);
+        self.register(op_type, DeviceType::Cpu, "", factory);
     }
 
     /// Registers one default-engine CPU factory under several op types.
@@ -84,17 +61,15 @@ impl Registry {
     }
 
     /// The factory for (type, device, engine list), with engine and CPU-like fallbacks.
-    pub fn lookup(&self, op_type: &str, device: i32, engine: &str) -> Option<Factory> {
+    pub fn lookup(&self, op_type: &str, device: DeviceType, engine: &str) -> Option<Factory> {
         let Some(by_key) = self.map.get(op_type) else {
             return self.parent.as_ref()?.lookup(op_type, device, engine);
         };
-        let devices: &[i32] = match device {
-            device::MKLDNN | device::IDEEP => &[device, device::CPU],
-            d => std::slice::from_ref(match d {
-                device::CPU => &device::CPU,
-                device::CUDA => &device::CUDA,
-                _ => return by_key.get(&(device, String::new())).copied(),
-            }),
+        let fallback = [device, DeviceType::Cpu];
+        let devices: &[DeviceType] = if device.runs_cpu_kernels() && device != DeviceType::Cpu {
+            &fallback
+        } else {
+            &fallback[..1]
         };
         for &d in devices {
             for e in engine.split(',').map(str::trim).filter(|e| !e.is_empty()) {
@@ -133,15 +108,11 @@ impl Registry {
     /// The factory for `def`, after checking `def` against its schema.
     pub fn resolve(&self, def: &crate::proto::OperatorDef) -> Result<Factory> {
         let op_type = def.r#type();
-        let dev = def
-            .device_option
-            .as_ref()
-            .and_then(|d| d.device_type)
-            .unwrap_or(device::CPU);
+        let dev = DeviceType::of_option(def.device_option.as_ref());
         let factory = self.lookup(op_type, dev, def.engine()).ok_or_else(|| {
             Error::Runtime(format!(
                 "Cannot create operator of type '{op_type}' on the device '{}'. Verify that implementation for the corresponding device exist.",
-                device_name(dev)
+                dev.name()
             ))
         })?;
         if let Some(s) = schema::lookup(op_type) {
@@ -172,10 +143,10 @@ mod tests {
     fn engine_falls_back_to_default() {
         let mut r = Registry::new();
         r.cpu("Relu", noop);
-        r.register("Relu", device::CPU, "X", failing);
-        assert!(r.lookup("Relu", device::CPU, "CUDNN").is_some());
-        assert!(r.lookup("Relu", device::CUDA, "").is_none());
-        assert!(r.lookup("Relu", device::IDEEP, "").is_some());
+        r.register("Relu", DeviceType::Cpu, "X", failing);
+        assert!(r.lookup("Relu", DeviceType::Cpu, "CUDNN").is_some());
+        assert!(r.lookup("Relu", DeviceType::Cuda, "").is_none());
+        assert!(r.lookup("Relu", DeviceType::Ideep, "").is_some());
         let ws = Workspace::new();
         let mut def = OperatorDef::new("Relu", ["x"], ["y"]);
         def.engine = Some("X".into());

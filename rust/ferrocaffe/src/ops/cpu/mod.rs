@@ -5,7 +5,7 @@
 //!
 //! 1. Write `ops/cpu/<family>.rs` with `pub fn register(r: &mut Registry)`, add
 //!    `pub mod <family>;` and `<family>::register(r);` below. Register each op type with
-//!    `r.cpu("Type", factory)` (or `r.register("Type", device::CPU, "ENGINE", factory)` for an
+//!    `r.cpu("Type", factory)` (or `r.register("Type", DeviceType::Cpu, "ENGINE", factory)` for an
 //!    engine-specific kernel; ops asking for an unknown engine fall back to the default one).
 //! 2. A factory (`fn(&OpInit) -> Result<Box<dyn Operator>>`) runs once per net: read and check
 //!    the arguments there (`init.args.int("axis", 1)?`, `.float`, `.bool`, `.string`,
@@ -50,7 +50,7 @@
 //!
 //! let mut r = Registry::new();
 //! r.cpu("Affine", create_affine);
-//! assert!(r.lookup("Affine", 0, "").is_some());
+//! assert!(r.lookup("Affine", ferrocaffe::device::DeviceType::Cpu, "").is_some());
 //!
 //! // Running ops of the built-in registry from Rust:
 //! use ferrocaffe::proto::OperatorDef;
