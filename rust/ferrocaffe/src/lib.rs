@@ -1,13 +1,19 @@
 //! # ferrocaffe
 //!
 //! The core of a Caffe2-compatible static-graph engine, usable as a plain Rust crate:
-//! the wire format ([`proto`]), graph algorithms ([`graph`]) and more.
+//! the wire format ([`proto`], [`wire`]), operator schemas ([`schema`]), graph algorithms
+//! ([`graph`]), the backward-pass IR ([`autodiff`]) and the runtime.
 //!
-//! Runtime: [`tensor`] (tensors and their storage rules), [`workspace`] (blobs, nets, locking),
-//! [`ops`] (operator contract, registry, CPU kernels in `ops::cpu`; see its guide to adding a
-//! kernel family), [`net`] (simple and dag executors, control ops), [`plan`] (execution steps),
-//! [`rnn`] (recurrent networks), [`serialize`] / [`wire`] (blob records as Caffe2 stores them),
-//! and [`kernels::registry`] (the global operator registry).
+//! Runtime: [`device`] (device types, devices, device memory), [`tensor`] (tensors and their
+//! storage rules), [`blas`] (single-precision GEMM), [`workspace`] (blobs, nets, locking, the
+//! operator registry a workspace holds), [`ops`] (operator contract, registry, CPU kernels in
+//! `ops::cpu`; see its guide to adding a kernel family), [`serialize`] (blob records as Caffe2
+//! stores them), [`net`] (simple and dag executors, control ops), [`plan`] (execution steps),
+//! [`rnn`] (recurrent networks) and [`runtime`] (the default registry and
+//! `Workspace::new`).
+//!
+//! The layers and the arrows between them are described in `docs/ARCHITECTURE.md` at the
+//! repository root (and checked by the `layers` integration test).
 //!
 //! ```
 //! use ferrocaffe::proto::{NetDef, OperatorDef};

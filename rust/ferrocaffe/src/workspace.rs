@@ -10,7 +10,8 @@
 //!   caller, as in Caffe2).
 //! * The name → handle map is behind its own `RwLock`, taken only to create, look up, list or
 //!   remove blobs (never while a kernel runs).
-//! * Created nets live in a map of `Arc<Mutex<Net>>`: one net runs on one thread at a time, and
+//! * Created nets live in a map of `Arc<Mutex<dyn CreatedNet>>` (the executors, in
+//!   [`crate::net`], are a layer above): one net runs on one thread at a time, and
 //!   different nets run in parallel (the Python binding releases the GIL around every run).
 //!
 //! Lookups fall through to the parent workspace (and to blobs forwarded from another workspace

@@ -24,7 +24,7 @@
 //!   op) pair is a task, dependencies come from an analysis of the blobs and buffer rows each
 //!   task reads and writes, and results equal the sequential run bit for bit.
 //!
-//! Everything registers from [`register`] (called by [`crate::kernels`]).
+//! Everything registers from [`register`] (called by [`crate::runtime`] when it assembles the default registry).
 
 pub mod analysis;
 pub mod config;
