@@ -454,7 +454,10 @@ mod tests {
         };
         assert_eq!(d.kind(), ErrorKind::Decode);
         assert_eq!(d.message(), None);
-        assert_eq!(d.with_kind(ErrorKind::ShapeMismatch).kind(), ErrorKind::Decode);
+        assert_eq!(
+            d.with_kind(ErrorKind::ShapeMismatch).kind(),
+            ErrorKind::Decode
+        );
         let e = Error::Runtime("x".into()).with_kind(ErrorKind::MissingBlob);
         assert!(matches!(e, Error::MissingBlob(m) if m == "x"));
         let e = Error::Runtime("x".into()).with_kind(ErrorKind::External);
@@ -503,6 +506,8 @@ mod tests {
         assert_eq!(try_vec(3, 1.5f32, "a buffer").unwrap(), vec![1.5; 3]);
         let e = try_vec(usize::MAX / 2, 0u64, "a buffer").unwrap_err();
         assert_eq!(e.kind(), ErrorKind::OutOfMemory);
-        assert!(e.to_string().starts_with("out of memory allocating a buffer"));
+        assert!(e
+            .to_string()
+            .starts_with("out of memory allocating a buffer"));
     }
 }
