@@ -23,7 +23,8 @@
 //! let e = rows(&[], 3).unwrap_err();
 //! assert_eq!(e.kind(), ErrorKind::ShapeMismatch);
 //! assert_eq!(e.to_string(), "the input must have at least one dimension");
-//! assert!(matches!(rows(&[5], 3), Err(Error::BadArgument(m)) if m == "5 rows given, at most 3 allowed"));
+//! let Err(Error::BadArgument(m)) = rows(&[5], 3) else { panic!() };
+//! assert_eq!(m, "5 rows given, at most 3 allowed");
 //! let e: Error = err!(MissingBlob: "Can't find blob: {}", "x");
 //! assert_eq!(e.kind(), ErrorKind::MissingBlob);
 //! ```
@@ -61,8 +62,10 @@ pub enum Error {
     /// that was overwritten.
     #[error("{0}")]
     Runtime(String),
-    /// An operator definition its schema rejects (input or output counts, in-place rules), so
-    /// the op cannot be created.
+    /// An operator definition that does not fit what the op accepts: its schema rejects it
+    /// (input or output counts, in-place rules), so the op cannot be created, or the kernel
+    /// finds its inputs or outputs do not pair up (an odd number of `(X, weight)` inputs,
+    /// outputs that must be distinct blobs).
     #[error("{0}")]
     Schema(String),
     /// Tensors whose shapes do not fit together, or a tensor of the wrong rank or size.
@@ -74,7 +77,7 @@ pub enum Error {
     /// No kernel for the requested device, or a device this build does not support.
     #[error("{0}")]
     Device(String),
-    /// A blob that an op or a net needs is not in the workspace.
+    /// A blob that an op or a net needs is not in the workspace (or in the db it loads from).
     #[error("{0}")]
     MissingBlob(String),
     /// An operator argument (or an input read as one) whose value the op cannot use: a
@@ -327,12 +330,15 @@ pub fn try_vec<T: Clone>(n: usize, value: T, what: &str) -> Result<Vec<T>> {
 /// ```
 #[macro_export]
 macro_rules! err {
-    (op = $op:expr, $kind:ident: $fmt:literal $(, $arg:expr)* $(,)?) => {
-        $op.err(::std::format!($fmt $(, $arg)*))
+    (op = $op:expr, $kind:ident: $fmt:literal $($arg:tt)*) => {
+        $op.err(::std::format!($fmt $($arg)*))
             .with_kind($crate::error::ErrorKind::$kind)
     };
-    ($kind:ident: $fmt:literal $(, $arg:expr)* $(,)?) => {
-        $crate::error::Error::$kind(::std::format!($fmt $(, $arg)*))
+    (op = $op:expr, $kind:ident: $msg:expr) => {
+        $op.err($msg).with_kind($crate::error::ErrorKind::$kind)
+    };
+    ($kind:ident: $fmt:literal $($arg:tt)*) => {
+        $crate::error::Error::$kind(::std::format!($fmt $($arg)*))
     };
     ($kind:ident: $msg:expr) => {
         $crate::error::Error::$kind(::std::string::ToString::to_string(&$msg))
@@ -418,6 +424,8 @@ mod tests {
         assert!(matches!(err!(Type: text), Error::Type(m) if m == "a message built elsewhere"));
         let e = err!(DtypeMismatch: "trailing comma {}", 1,);
         assert_eq!(e.to_string(), "trailing comma 1");
+        let e = err!(Device: "named {dev} and {0:>3}", 7, dev = "CUDA");
+        assert_eq!(e.to_string(), "named CUDA and   7");
     }
 
     #[test]
