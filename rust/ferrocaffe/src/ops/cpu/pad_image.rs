@@ -13,6 +13,7 @@ use super::conv_args::{Geometry, Order};
 use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
+use crate::{bail, err};
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
@@ -30,19 +31,19 @@ enum Mode {
 fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
     let geo = Geometry::new(init)?;
     if init.args.has("legacy_pad") && init.args.int("legacy_pad", 0)? != 0 {
-        return Err(init.err("Padding layer only supports explicit pad values."));
+        bail!(op = init, NotImplemented: "Padding layer only supports explicit pad values.");
     }
     if geo.dilation != [1, 1] {
-        return Err(init.err("Pooling op does not support dilation right now."));
+        bail!(op = init, NotImplemented: "Pooling op does not support dilation right now.");
     }
     if !gradient && geo.stride != [1, 1] {
-        return Err(init.err("Pooling op does not support stride right now."));
+        bail!(op = init, NotImplemented: "Pooling op does not support stride right now.");
     }
     let mode = match init.args.string("mode", "constant")?.as_str() {
         "constant" => Mode::Constant(init.args.float("value", 0.0)?),
         "reflect" => Mode::Reflect,
         "edge" => Mode::Edge,
-        other => return Err(init.err(format!("Unknown padding mode: {other}"))),
+        other => bail!(op = init, BadArgument: "Unknown padding mode: {other}"),
     };
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         run(ctx, &geo, mode, gradient)
@@ -76,10 +77,11 @@ fn map(
         .map(|p| match source(p, before, n, mode) {
             None => Ok(None),
             Some(i) if i >= 0 && (i as usize) < n => Ok(Some(i as usize)),
-            Some(_) => Err(ctx.err(format!(
-                "the padding ({before} before) reaches past a dimension of size {n} in {mode:?} \
-                 mode"
-            ))),
+            Some(_) => Err(err!(
+                op = ctx,
+                BadArgument: "the padding ({before} before) reaches past a dimension of size {n} \
+                 in {mode:?} mode"
+            )),
         })
         .collect()
 }
@@ -94,17 +96,18 @@ fn run(ctx: &mut OpContext<'_>, geo: &Geometry, mode: Mode, gradient: bool) -> R
         match (h, w) {
             (Some(h), Some(w)) => (h, w, h_in, w_in),
             _ => {
-                return Err(ctx.err(format!(
-                    "dY {in_dims:?} is smaller than its padding {:?}",
+                bail!(
+                    op = ctx,
+                    ShapeMismatch: "dY {in_dims:?} is smaller than its padding {:?}",
                     geo.pad
-                )))
+                )
             }
         }
     } else {
         (h_in, w_in, h_in + pt + pb, w_in + pl + pr)
     };
     if (h == 0 || w == 0) && !matches!(mode, Mode::Constant(_)) && ph * pw > 0 {
-        return Err(ctx.err("cannot reflect or extend an empty image"));
+        bail!(op = ctx, ShapeMismatch: "cannot reflect or extend an empty image");
     }
     let rows = map(ctx, ph, pt, h, mode)?;
     let cols = map(ctx, pw, pl, w, mode)?;

@@ -173,10 +173,10 @@ impl Operator for QueueOp {
                     let t = match &*h.read() {
                         Blob::Tensor(t) => t.clone(),
                         other => {
-                            return Err(err!(
+                            bail!(
                                 DtypeMismatch: "cannot enqueue a blob holding {}",
                                 other.type_name()
-                            ))
+                            )
                         }
                     };
                     item.push(t);
