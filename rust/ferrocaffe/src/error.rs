@@ -308,6 +308,21 @@ pub fn try_vec<T: Clone>(n: usize, value: T, what: &str) -> Result<Vec<T>> {
     Ok(v)
 }
 
+/// The number of elements of a tensor of shape `dims` whose elements take `elem_size` bytes, or
+/// an [`Error::OutOfMemory`] naming `what` when no allocation could hold it (the count or the
+/// byte size overflows, or the bytes exceed `isize::MAX`): a guard for shapes the user chose.
+pub fn checked_numel(dims: &[usize], elem_size: usize, what: &str) -> Result<usize> {
+    dims.iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .filter(|n| {
+            n.checked_mul(elem_size)
+                .is_some_and(|b| isize::try_from(b).is_ok())
+        })
+        .ok_or_else(|| {
+            Error::OutOfMemory(format!("{what} of shape {dims:?} is too large to allocate"))
+        })
+}
+
 /// An [`Error`] of the named kind, its message formatted like `format!`.
 ///
 /// `err!(Kind: "format", args...)` builds `Error::Kind(format!("format", args...))`; `Kind` is a
@@ -507,6 +522,21 @@ mod tests {
         };
         let e = d.map_message(|m| format!("{m} [t]"));
         assert!(matches!(e, Error::Runtime(m) if m == "malformed caffe2.NetDef protobuf: eof [t]"));
+    }
+
+    #[test]
+    fn checked_numel_refuses_shapes_no_allocation_can_hold() {
+        assert_eq!(checked_numel(&[2, 3, 4], 8, "x").unwrap(), 24);
+        assert_eq!(checked_numel(&[], 4, "x").unwrap(), 1);
+        assert_eq!(checked_numel(&[0, usize::MAX], 4, "x").unwrap(), 0);
+        let e = checked_numel(&[1 << 40, 1 << 40], 4, "the output").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::OutOfMemory);
+        assert_eq!(
+            e.to_string(),
+            "the output of shape [1099511627776, 1099511627776] is too large to allocate"
+        );
+        let big = usize::MAX / 4;
+        assert!(checked_numel(&[big], 8, "x").is_err());
     }
 
     #[test]

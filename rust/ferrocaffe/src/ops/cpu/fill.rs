@@ -8,7 +8,7 @@
 use half::f16;
 
 use super::rng::Rng;
-use crate::error::Result;
+use crate::error::{checked_numel, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 use crate::tensor::{DataType, Tensor};
@@ -84,17 +84,27 @@ impl FillShape {
         Ok(s)
     }
 
-    /// The output shape for this run.
+    /// The output shape for this run (an [`Error::OutOfMemory`](crate::error::Error) when no
+    /// tensor could hold it).
     pub fn resolve(&self, ctx: &OpContext<'_>) -> Result<Vec<usize>> {
-        if ctx.num_inputs() == 0 {
-            return Ok(self.shape.clone());
-        }
+        let dims = if ctx.num_inputs() == 0 {
+            self.shape.clone()
+        } else {
+            self.from_input(ctx)?
+        };
+        // The shape is the user's; one that no tensor could hold is refused here rather than
+        // where the tensor is allocated.
+        checked_numel(&dims, 8, "the output")?;
+        Ok(dims)
+    }
+
+    fn from_input(&self, ctx: &OpContext<'_>) -> Result<Vec<usize>> {
         let input = ctx.input(0)?;
         let mut dims = if self.input_as_shape {
             if input.ndim() != 1 {
                 bail!(
                     op = ctx,
-                    DtypeMismatch: "When input_as_shape is true, the input must be a 1D tensor of \
+                    ShapeMismatch: "When input_as_shape is true, the input must be a 1D tensor of \
                      data type int64_t"
                 );
             }
@@ -465,4 +475,28 @@ fn create_random(init: &OpInit<'_>, kind: RandomKind) -> Result<Box<dyn Operator
         b: hi,
         dtype,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::proto::{Argument, OperatorDef};
+    use crate::workspace::Workspace;
+
+    #[test]
+    fn a_shape_no_tensor_can_hold_is_refused_without_allocating() {
+        let ws = Workspace::new();
+        let mut op = OperatorDef::new("ConstantFill", Vec::<String>::new(), ["y"]);
+        let shape = |v: Vec<i64>| Argument {
+            name: Some("shape".into()),
+            ints: v,
+            ..Default::default()
+        };
+        op.arg.push(shape(vec![1 << 40, 1 << 40]));
+        let e = ws.run_operator_once(&op).unwrap_err().to_string();
+        let want = "the output of shape [1099511627776, 1099511627776] is too large to allocate";
+        assert!(e.contains(want), "{e}");
+        op.arg[0] = shape(vec![2, 3]);
+        ws.run_operator_once(&op).unwrap();
+        assert_eq!(ws.fetch("y").unwrap().dims(), &[2, 3]);
+    }
 }
