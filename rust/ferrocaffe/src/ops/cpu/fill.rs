@@ -90,7 +90,7 @@ impl FillShape {
         let dims = if ctx.num_inputs() == 0 {
             self.shape.clone()
         } else {
-            self.from_input(ctx)?
+            self.read_input(ctx)?
         };
         // The shape is the user's; one that no tensor could hold is refused here rather than
         // where the tensor is allocated.
@@ -98,7 +98,8 @@ impl FillShape {
         Ok(dims)
     }
 
-    fn from_input(&self, ctx: &OpContext<'_>) -> Result<Vec<usize>> {
+    /// The shape given by input 0 (its values, or its dims), then `extra_shape`.
+    fn read_input(&self, ctx: &OpContext<'_>) -> Result<Vec<usize>> {
         let input = ctx.input(0)?;
         let mut dims = if self.input_as_shape {
             if input.ndim() != 1 {
