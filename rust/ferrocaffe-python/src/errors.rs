@@ -1,7 +1,8 @@
 //! The one place where `ferrocaffe::Error` becomes a Python exception.
 
 use pyo3::exceptions::{
-    PyAssertionError, PyException, PyKeyError, PyRuntimeError, PyTypeError, PyValueError,
+    PyAssertionError, PyException, PyKeyError, PyMemoryError, PyRuntimeError, PyTypeError,
+    PyValueError,
 };
 use pyo3::prelude::*;
 
@@ -19,7 +20,21 @@ pyo3::create_exception!(
     "A graph edit that would change what the net computes."
 );
 
-/// Maps a core error to the Python exception class users catch.
+/// Maps a core error to the Python exception class Caffe2 raised for it. The message is the
+/// error's text, unchanged.
+///
+/// | kind | Python |
+/// | --- | --- |
+/// | `Decode` | `DecodeError` (a `ValueError`) |
+/// | `InvalidArgument` | `ValueError` |
+/// | `NotFound` | `KeyError` |
+/// | `IllegalGraphTransform` | `IllegalGraphTransformError` (a `ValueError`) |
+/// | `Runtime`, `Schema`, `ShapeMismatch`, `DtypeMismatch`, `Device`, `MissingBlob`, `BadArgument`, `NotImplemented` | `RuntimeError` (Caffe2's `EnforceNotMet`) |
+/// | `OutOfMemory` | `MemoryError` |
+/// | `Assertion` | `AssertionError` |
+/// | `Type` | `TypeError` |
+/// | `GradientMaker` | `Exception` |
+/// | `External` | `RuntimeError`, caused by the callback's exception |
 pub fn to_py(err: ferrocaffe::Error) -> PyErr {
     use ferrocaffe::Error as E;
     let msg = err.to_string();
@@ -28,7 +43,18 @@ pub fn to_py(err: ferrocaffe::Error) -> PyErr {
         E::InvalidArgument(_) => PyValueError::new_err(msg),
         E::NotFound(_) => PyKeyError::new_err(msg),
         E::IllegalGraphTransform(_) => IllegalGraphTransformError::new_err(msg),
-        E::Runtime(_) => PyRuntimeError::new_err(msg),
+        // What Caffe2 enforced (`CAFFE_ENFORCE`, `CAFFE_THROW`): its C++ `EnforceNotMet`,
+        // which Python saw as a RuntimeError whatever the cause.
+        E::Runtime(_)
+        | E::Schema(_)
+        | E::ShapeMismatch(_)
+        | E::DtypeMismatch(_)
+        | E::Device(_)
+        | E::MissingBlob(_)
+        | E::BadArgument(_)
+        | E::NotImplemented(_) => PyRuntimeError::new_err(msg),
+        // A failed allocation (C++ `std::bad_alloc`, which pybind11 raised as MemoryError).
+        E::OutOfMemory(_) => PyMemoryError::new_err(msg),
         E::Assertion(_) => PyAssertionError::new_err(msg),
         E::Type(_) => PyTypeError::new_err(msg),
         // Caffe2 raised a bare `Exception` when a gradient maker failed.

@@ -7,20 +7,17 @@ use std::collections::HashMap;
 use prost::Message;
 
 use crate::device::DeviceType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::proto::{tensor_proto, BlobProto, DeviceOption, TensorProto};
 use crate::tensor::{DataType, Tensor};
 use crate::workspace::{Blob, Workspace};
+use crate::{bail, err};
 
 /// Separator between a blob name and its chunk index in DB keys.
 pub const CHUNK_SEPARATOR: &str = "#%";
 
 /// Default `chunk_size` of Save (values per record).
 pub const DEFAULT_CHUNK_SIZE: i64 = 1_000_000;
-
-fn rt(msg: impl std::fmt::Display) -> Error {
-    Error::Runtime(msg.to_string())
-}
 
 /// The TensorProto of values `[begin, end)` of `t`, stored as `name`.
 pub fn tensor_chunk(t: &Tensor, name: &str, begin: usize, end: usize) -> Result<TensorProto> {
@@ -93,10 +90,7 @@ pub fn serialize_blob(blob: &Blob, name: &str, chunk_size: i64) -> Result<Vec<(S
             };
             Ok(vec![(name.to_string(), bp.encode_to_vec())])
         }
-        other => Err(rt(format!(
-            "No known serializer for {}",
-            other.caffe2_type_name()
-        ))),
+        other => Err(err!(NotImplemented: "No known serializer for {}", other.caffe2_type_name())),
     }
 }
 
@@ -130,7 +124,7 @@ pub fn deserialize_tensor_chunk(blob: &mut Blob, p: &TensorProto, fresh: bool) -
     let dims: Vec<usize> = p
         .dims
         .iter()
-        .map(|&d| usize::try_from(d).map_err(|_| rt(format!("negative dimension {d}"))))
+        .map(|&d| usize::try_from(d).map_err(|_| err!(Runtime: "negative dimension {d}")))
         .collect::<Result<_>>()?;
     let n: usize = dims.iter().product();
     let (begin, end) = match &p.segment {
@@ -138,9 +132,7 @@ pub fn deserialize_tensor_chunk(blob: &mut Blob, p: &TensorProto, fresh: bool) -
         None => (0, n as i64),
     };
     if begin < 0 || end < begin || end as usize > n {
-        return Err(rt(format!(
-            "bad segment [{begin}, {end}) for a tensor of {n} values"
-        )));
+        bail!(Runtime: "bad segment [{begin}, {end}) for a tensor of {n} values");
     }
     let (begin, end) = (begin as usize, end as usize);
     let need_new = fresh
@@ -166,14 +158,14 @@ pub fn deserialize_tensor_chunk(blob: &mut Blob, p: &TensorProto, fresh: bool) -
 
 /// Replaces `blob` by the value of one complete BlobProto (workspace.DeserializeBlob).
 pub fn deserialize_whole(blob: &mut Blob, bytes: &[u8]) -> Result<()> {
-    let bp =
-        crate::wire::blob(bytes).ok_or_else(|| rt("Cannot parse content into a BlobProto."))?;
+    let bp = crate::wire::blob(bytes)
+        .ok_or_else(|| err!(Runtime: "Cannot parse content into a BlobProto."))?;
     match bp.r#type.as_deref().unwrap_or("") {
         "Tensor" => {
             let t = bp
                 .tensor
                 .as_ref()
-                .ok_or_else(|| rt("BlobProto of type Tensor has no tensor"))?;
+                .ok_or_else(|| err!(Runtime: "BlobProto of type Tensor has no tensor"))?;
             deserialize_tensor_chunk(blob, t, true)?;
             Ok(())
         }
@@ -181,7 +173,7 @@ pub fn deserialize_whole(blob: &mut Blob, bytes: &[u8]) -> Result<()> {
             *blob = Blob::Bytes(bp.content.clone().unwrap_or_default());
             Ok(())
         }
-        other => Err(rt(format!("No registered deserializer for type {other}"))),
+        other => Err(err!(NotImplemented: "No registered deserializer for type {other}")),
     }
 }
 
@@ -209,29 +201,27 @@ pub fn load_record(
         "Tensor" => {}
         "std::string" => {
             if seen {
-                return Err(rt(format!("Blob duplicated: {key}")));
+                bail!(Runtime: "Blob duplicated: {key}");
             }
             *blob = Blob::Bytes(bp.content.clone().unwrap_or_default());
             states.insert(key.to_string(), BlobState::default());
             return Ok(true);
         }
-        other => return Err(rt(format!("No registered deserializer for type {other}"))),
+        other => bail!(NotImplemented: "No registered deserializer for type {other}"),
     }
     let t = bp
         .tensor
         .as_ref()
-        .ok_or_else(|| rt(format!("BlobProto {key} of type Tensor has no tensor")))?;
+        .ok_or_else(|| err!(Runtime: "BlobProto {key} of type Tensor has no tensor"))?;
     if let Some(st) = states.get(key) {
         if !st.is_tensor {
-            return Err(rt(format!("Must be tensor {key}")));
+            bail!(Runtime: "Must be tensor {key}");
         }
         if st.current >= st.total {
-            return Err(rt(format!(
-                "Found an extra part for an already filled tensor: {key}"
-            )));
+            bail!(Runtime: "Found an extra part for an already filled tensor: {key}");
         }
         if t.segment.is_none() {
-            return Err(rt(format!("Partial tensor must have a segment: {key}")));
+            bail!(Runtime: "Partial tensor must have a segment: {key}");
         }
     }
     let got = deserialize_tensor_chunk(blob, t, !seen)?;
@@ -242,9 +232,7 @@ pub fn load_record(
     });
     st.current += got;
     if st.current > st.total {
-        return Err(rt(format!(
-            "Tensor parts are bigger than target size for tensor: {key}"
-        )));
+        bail!(Runtime: "Tensor parts are bigger than target size for tensor: {key}");
     }
     Ok(st.current == st.total)
 }

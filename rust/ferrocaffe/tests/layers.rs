@@ -76,7 +76,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
 
 /// Names reachable as `crate::<name>` that are macros or re-exports at the crate root, not
 /// modules.
-const ROOT_ITEMS: &[&str] = &["dispatch", "bail", "ensure", "Error", "Result"];
+const ROOT_ITEMS: &[&str] = &["dispatch", "bail", "ensure", "err", "Error", "Result"];
 
 fn strip(text: &str) -> String {
     let body = match text.find("#[cfg(test)]") {

@@ -2,6 +2,7 @@
 //! `i`, a float from `f`, a string from `s`, lists from `ints`/`floats`/`strings`) and errors
 //! that name the op and the argument.
 
+use crate::err;
 use crate::error::{Error, Result};
 use crate::proto::{Argument, NetDef, OperatorDef};
 
@@ -28,11 +29,11 @@ impl<'a> Args<'a> {
     }
 
     fn err(&self, name: &str, what: &str) -> Error {
-        Error::Runtime(format!(
-            "Argument {name} of operator {} (type {}) {what}",
+        err!(
+            BadArgument: "Argument {name} of operator {} (type {}) {what}",
             display_name(self.def),
             self.def.r#type()
-        ))
+        )
     }
 
     /// An integer argument (`i`), or `default` when absent.

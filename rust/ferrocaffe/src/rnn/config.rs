@@ -5,6 +5,7 @@
 use crate::error::Result;
 use crate::ops::operator::OpInit;
 use crate::proto::{Argument, DeviceOption, NetDef, OperatorDef};
+use crate::{bail, err};
 
 /// Step blob `internal` is a view of rows `t + offset .. t + offset + window` of `external`.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,31 +75,36 @@ pub fn links(
         _ => vec![1; off.len()],
     };
     if int.len() != off.len() {
-        return Err(init.err(format!(
-            "internal/offset mismatch: {internal} has {} names, {offset} has {} values",
+        bail!(
+            op = init,
+            BadArgument: "internal/offset mismatch: {internal} has {} names, {offset} has {} \
+             values",
             int.len(),
             off.len()
-        )));
+        );
     }
     if ext.len() != off.len() {
-        return Err(init.err(format!(
-            "external/offset mismatch: {external} has {} names, {offset} has {} values",
+        bail!(
+            op = init,
+            BadArgument: "external/offset mismatch: {external} has {} names, {offset} has {} \
+             values",
             ext.len(),
             off.len()
-        )));
+        );
     }
     if win.len() != off.len() {
-        return Err(init.err(format!(
-            "external/window mismatch: {external} has {} names, {} has {} values",
+        bail!(
+            op = init,
+            BadArgument: "external/window mismatch: {external} has {} names, {} has {} values",
             ext.len(),
             window.unwrap_or("window"),
             win.len()
-        )));
+        );
     }
     let mut out = Vec::with_capacity(int.len());
     for k in 0..int.len() {
         if win[k] < 0 {
-            return Err(init.err(format!("link window must not be negative, got {}", win[k])));
+            bail!(op = init, BadArgument: "link window must not be negative, got {}", win[k]);
         }
         out.push(Link {
             internal: remapped(init, &int[k])?,
@@ -116,12 +122,14 @@ pub fn aliases(init: &OpInit<'_>) -> Result<Vec<Alias>> {
     let dst = init.args.strings("alias_dst")?;
     let off = init.args.ints("alias_offset");
     if src.len() != dst.len() || src.len() != off.len() {
-        return Err(init.err(format!(
-            "alias_src ({}), alias_dst ({}) and alias_offset ({}) must have the same length",
+        bail!(
+            op = init,
+            BadArgument: "alias_src ({}), alias_dst ({}) and alias_offset ({}) must have the same \
+             length",
             src.len(),
             dst.len(),
             off.len()
-        )));
+        );
     }
     Ok((0..src.len())
         .map(|k| Alias {
@@ -137,11 +145,13 @@ pub fn recurrent_inputs(init: &OpInit<'_>) -> Result<Vec<RecurrentInput>> {
     let states = init.args.strings("recurrent_states")?;
     let ids = init.args.ints("initial_recurrent_state_ids");
     if states.len() != ids.len() {
-        return Err(init.err(format!(
-            "states/inputs mismatch: recurrent_states has {} names, initial_recurrent_state_ids {} values",
+        bail!(
+            op = init,
+            BadArgument: "states/inputs mismatch: recurrent_states has {} names, \
+             initial_recurrent_state_ids {} values",
             states.len(),
             ids.len()
-        )));
+        );
     }
     states
         .into_iter()
@@ -151,10 +161,12 @@ pub fn recurrent_inputs(init: &OpInit<'_>) -> Result<Vec<RecurrentInput>> {
                 .ok()
                 .and_then(|i| init.def.input.get(i))
                 .ok_or_else(|| {
-                    init.err(format!(
-                        "initial_recurrent_state_ids: input index {id} out of range ({} inputs)",
+                    err!(
+                        op = init,
+                        BadArgument: "initial_recurrent_state_ids: input index {id} out of range \
+                         ({} inputs)",
                         init.def.input.len()
-                    ))
+                    )
                 })?;
             Ok(RecurrentInput {
                 state,
@@ -186,7 +198,7 @@ pub fn net_arg(init: &OpInit<'_>, name: &str) -> Result<Option<NetDef>> {
     }
     super::text::parse_net(&text)
         .map(Some)
-        .map_err(|e| init.err(format!("argument {name}: {e}")))
+        .map_err(|e| err!(op = init, BadArgument: "argument {name}: {e}"))
 }
 
 /// Renames every input and output `from` of the ops of `net` to `to`.

@@ -18,11 +18,12 @@
 use super::analysis::APPLY_LINK;
 use super::config::Link;
 use super::steps::tensor_of;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::cpu::fc;
 use crate::proto::{Argument, NetDef, OperatorDef};
 use crate::tensor::Tensor;
 use crate::workspace::Workspace;
+use crate::{bail, err};
 
 /// One `FCGradient` whose parameter gradients are summed after the steps.
 #[derive(Debug, Clone, PartialEq)]
@@ -144,10 +145,11 @@ fn settled_rows(
 fn rows<'a>(t: &'a Tensor, name: &str, first: usize, count: usize) -> Result<&'a [f32]> {
     let total = t.dims().first().copied().unwrap_or(0);
     if first + count > total {
-        return Err(Error::Runtime(format!(
-            "{name} has {total} rows, the deferred parameter gradient needs rows {first}..{}",
+        bail!(
+            ShapeMismatch: "{name} has {total} rows, the deferred parameter gradient needs rows \
+             {first}..{}",
             first + count
-        )));
+        );
     }
     let row = t.size_from_dim(1);
     Ok(&t.as_slice::<f32>()?[first * row..(first + count) * row])
@@ -171,23 +173,23 @@ impl Deferred {
             .ok()
             .filter(|&a| a <= step_dims.len() + 1);
         let axis = axis.ok_or_else(|| {
-            Error::Runtime(format!(
-                "FCGradient axis {} out of range for X rows of shape {step_dims:?}",
+            err!(
+                BadArgument: "FCGradient axis {} out of range for X rows of shape {step_dims:?}",
                 self.axis
-            ))
+            )
         })?;
         let k: usize = step_dims[axis.saturating_sub(1).min(step_dims.len())..]
             .iter()
             .product();
         let m = xs.len().checked_div(k).unwrap_or(0);
         if m == 0 || dys.len() % m != 0 {
-            return Err(Error::Runtime(format!(
-                "deferred FCGradient: {} rows of X ({} values) and of dY ({} values) do not \
-                 make M x K and M x N matrices",
+            bail!(
+                ShapeMismatch: "deferred FCGradient: {} rows of X ({} values) and of dY ({} \
+                 values) do not make M x K and M x N matrices",
                 steps,
                 xs.len(),
                 dys.len()
-            )));
+            );
         }
         let n = dys.len() / m;
         if let Some(name) = &self.dw {
@@ -208,10 +210,10 @@ fn add_into(ws: &Workspace, name: &str, len: usize, add: impl FnOnce(&mut [f32])
     let mut b = h.write();
     let g = b.tensor_mut().as_mut_slice::<f32>()?;
     if g.len() != len {
-        return Err(Error::Runtime(format!(
-            "parameter gradient {name} has {} values, the deferred sum has {len}",
+        bail!(
+            ShapeMismatch: "parameter gradient {name} has {} values, the deferred sum has {len}",
             g.len()
-        )));
+        );
     }
     add(g);
     Ok(())

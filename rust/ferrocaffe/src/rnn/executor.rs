@@ -27,6 +27,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::analysis::{self, Graph, APPLY_LINK};
 use super::steps::set_timestep;
+use crate::bail;
 use crate::error::{Error, Result};
 use crate::net::{instantiate_ops, OpInstance};
 use crate::proto::NetDef;
@@ -136,7 +137,7 @@ impl RnnExecutor {
             }
         }
         let ops = instantiate_ops(&def, ws)
-            .map_err(|e| Error::Runtime(format!("{e} [RNN executor, timestep {t}]")))?;
+            .map_err(|e| e.map_message(|m| format!("{m} [RNN executor, timestep {t}]")))?;
         self.steps[t] = Some(Step {
             ws: ws.clone(),
             ops: ops.into_iter().map(Mutex::new).collect(),
@@ -157,9 +158,7 @@ impl RnnExecutor {
             match self.steps.get(t).and_then(Option::as_ref) {
                 Some(s) => steps.push(s),
                 None => {
-                    return Err(Error::Runtime(format!(
-                        "RNN executor: timestep {t} was not initialized"
-                    )))
+                    bail!(Runtime: "RNN executor: timestep {t} was not initialized")
                 }
             }
         }
@@ -173,7 +172,7 @@ impl RnnExecutor {
             self.graph = Some(((seq_len, backward), analysis::build(&views)));
         }
         let Some((_, graph)) = &self.graph else {
-            return Err(Error::Runtime("RNN executor: no task graph".into()));
+            bail!(Runtime: "RNN executor: no task graph");
         };
         make_links_writable(&steps);
         let run = Run {
@@ -250,12 +249,14 @@ impl Run<'_> {
         let step = self.steps[s];
         let mut op = step.ops[i].lock();
         op.run(&step.ws).map_err(|e| {
-            Error::Runtime(format!(
-                "{e} [recurrent step net '{}', timestep {}, op #{i} ({})]",
-                self.net,
-                self.order[s],
-                op.def().r#type()
-            ))
+            e.map_message(|m| {
+                format!(
+                    "{m} [recurrent step net '{}', timestep {}, op #{i} ({})]",
+                    self.net,
+                    self.order[s],
+                    op.def().r#type()
+                )
+            })
         })
     }
 

@@ -8,6 +8,7 @@ use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::tensor::Tensor;
 use crate::workspace::Blob;
+use crate::{bail, err};
 
 struct Fetcher {
     prefix: String,
@@ -17,11 +18,13 @@ impl Operator for Fetcher {
     fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
         let b = ctx.input_blob(0)?;
         let stack = super::steps::scratch_of(b).ok_or_else(|| {
-            ctx.err(format!(
-                "input {} should hold the step workspaces of a RecurrentNetwork op, found {}",
+            err!(
+                op = ctx,
+                DtypeMismatch: "input {} should hold the step workspaces of a RecurrentNetwork \
+                 op, found {}",
                 ctx.input_name(0),
                 b.type_name()
-            ))
+            )
         })?;
         let workspaces = stack.lock().workspaces.clone();
         let mut names = Vec::new();
@@ -38,9 +41,10 @@ impl Operator for Fetcher {
                 let dst = ctx.ws.create_blob(&new_name);
                 if Arc::ptr_eq(&dst, ctx.input_handle(0)) || Arc::ptr_eq(&dst, ctx.output_handle(0))
                 {
-                    return Err(ctx.err(format!(
-                        "fetched blob name {new_name} collides with the op's own blobs"
-                    )));
+                    bail!(
+                        op = ctx,
+                        BadArgument: "fetched blob name {new_name} collides with the op's own blobs"
+                    );
                 }
                 *dst.write() = Blob::Tensor(copy);
                 names.push(new_name.into_bytes());

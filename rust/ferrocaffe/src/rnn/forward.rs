@@ -20,11 +20,12 @@ use std::sync::Arc;
 use super::config::{self, Alias, RecurrentInput};
 use super::executor::RnnExecutor;
 use super::steps::{self, tensor_of};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::proto::NetDef;
 use crate::tensor::{DataType, Tensor};
 use crate::workspace::{Blob, Workspace};
+use crate::{bail, err};
 
 struct RecurrentNetwork {
     step_net: NetDef,
@@ -62,8 +63,12 @@ pub fn executor_for(
 
 /// Factory of `RecurrentNetwork`.
 pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
-    let mut step_net = config::net_arg(init, "step_net")?
-        .ok_or_else(|| init.err("Argument step_net must be specified (a NetDef or text)"))?;
+    let mut step_net = config::net_arg(init, "step_net")?.ok_or_else(|| {
+        err!(
+            op = init,
+            BadArgument: "Argument step_net must be specified (a NetDef or text)"
+        )
+    })?;
     let timestep = init.args.string("timestep", "timestep")?;
     let links = config::links(
         init,
@@ -92,9 +97,7 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         .args
         .int("num_workspaces", if executor.is_some() { 4 } else { 2 })?;
     if num_workspaces < 1 {
-        return Err(init.err(format!(
-            "num_workspaces must be positive, got {num_workspaces}"
-        )));
+        bail!(op = init, BadArgument: "num_workspaces must be positive, got {num_workspaces}");
     }
     let max_parallel = init
         .args
@@ -118,21 +121,22 @@ pub fn init_recurrent_state(ws: &Workspace, ri: &RecurrentInput, t: usize, n: us
     let input = tensor_of(ws, &ri.input)?;
     let nd = input.ndim();
     if !(1..=3).contains(&nd) || input.dtype() == DataType::String {
-        return Err(Error::Runtime(format!(
-            "initial recurrent state {} must be a 1-3 dimensional numeric tensor, got {:?} {}",
+        bail!(
+            ShapeMismatch: "initial recurrent state {} must be a 1-3 dimensional numeric tensor, \
+             got {:?} {}",
             ri.input,
             input.dims(),
             input.dtype()
-        )));
+        );
     }
     let d = input.dims()[nd - 1];
     let k = if nd == 3 { input.dims()[0] } else { 1 };
     if nd >= 2 && input.dims()[nd - 2] != n {
-        return Err(Error::Runtime(format!(
-            "initial recurrent state {} has batch size {}, the input sequence {n}",
+        bail!(
+            ShapeMismatch: "initial recurrent state {} has batch size {}, the input sequence {n}",
             ri.input,
             input.dims()[nd - 2]
-        )));
+        );
     }
     let h = ws.create_blob(&ri.state);
     let mut b = h.write();
@@ -157,7 +161,7 @@ pub fn apply_alias(ws: &Workspace, a: &Alias) -> Result<()> {
         let b = h.read();
         let src = b
             .tensor()
-            .ok_or_else(|| Error::Runtime(format!("alias source {} holds no tensor", a.src)))?;
+            .ok_or_else(|| err!(DtypeMismatch: "alias source {} holds no tensor", a.src))?;
         let rows = src.dims().first().copied().unwrap_or(0) as i64;
         let start = if a.offset >= 0 {
             a.offset
@@ -172,10 +176,13 @@ pub fn apply_alias(ws: &Workspace, a: &Alias) -> Result<()> {
             dims[0] = 0;
             Tensor::new(src.dtype(), &dims)
         } else {
-            return Err(Error::Runtime(format!(
-                "Invalid number of timesteps: alias {} of {} at offset {} (it has {rows} rows)",
-                a.dst, a.src, a.offset
-            )));
+            bail!(
+                ShapeMismatch: "Invalid number of timesteps: alias {} of {} at offset {} (it has \
+                 {rows} rows)",
+                a.dst,
+                a.src,
+                a.offset
+            );
         }
     };
     *ws.create_blob(&a.dst).write() = Blob::Tensor(view);
@@ -189,19 +196,21 @@ impl Operator for RecurrentNetwork {
             let x = match &*ctx.input_handle(0).read() {
                 Blob::Tensor(t) => t.clone(),
                 other => {
-                    return Err(ctx.err(format!(
-                        "input {} holds {}, expected the input sequence",
+                    bail!(
+                        op = ctx,
+                        DtypeMismatch: "input {} holds {}, expected the input sequence",
                         ctx.input_name(0),
                         other.type_name()
-                    )))
+                    )
                 }
             };
             if x.ndim() < 2 {
-                return Err(ctx.err(format!(
-                    "input {} must be T x N x ..., got shape {:?}",
+                bail!(
+                    op = ctx,
+                    ShapeMismatch: "input {} must be T x N x ..., got shape {:?}",
                     ctx.input_name(0),
                     x.dims()
-                )));
+                );
             }
             (x.dims()[0], x.dims()[1])
         };

@@ -29,12 +29,13 @@ use super::deferred::{self, Deferred};
 use super::executor::RnnExecutor;
 use super::forward::executor_for;
 use super::steps::{self, read_tensor};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::cpu::fc;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::proto::{Argument, NetDef, OperatorDef};
 use crate::tensor::DataType;
 use crate::workspace::{Blob, BlobHandle, Workspace};
+use crate::{bail, err};
 
 struct Param {
     param: String,
@@ -66,17 +67,22 @@ struct RecurrentNetworkGradient {
 }
 
 fn index(init: &OpInit<'_>, what: &str, v: i64, len: usize) -> Result<usize> {
-    usize::try_from(v)
-        .ok()
-        .filter(|&i| i < len)
-        .ok_or_else(|| init.err(format!("{what}: index {v} out of range ({len} available)")))
+    usize::try_from(v).ok().filter(|&i| i < len).ok_or_else(|| {
+        err!(
+            op = init,
+            BadArgument: "{what}: index {v} out of range ({len} available)"
+        )
+    })
 }
 
 /// Factory of `RecurrentNetworkGradient`.
 pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let def = init.def;
     let mut step_net = config::net_arg(init, "backward_step_net")?.ok_or_else(|| {
-        init.err("Argument backward_step_net must be specified (a NetDef or text)")
+        err!(
+            op = init,
+            BadArgument: "Argument backward_step_net must be specified (a NetDef or text)"
+        )
     })?;
     let timestep = init.args.string("timestep", "timestep")?;
     let grad_inputs = init.args.ints("outputs_with_grads");
@@ -100,11 +106,12 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let param_ids = init.args.ints("param");
     let param_grads = init.args.strings("param_grads")?;
     if !param_grads.is_empty() && param_grads.len() != param_ids.len() {
-        return Err(init.err(format!(
-            "param ({}) and param_grads ({}) must have the same length",
+        bail!(
+            op = init,
+            BadArgument: "param ({}) and param_grads ({}) must have the same length",
             param_ids.len(),
             param_grads.len()
-        )));
+        );
     }
     let mut params = Vec::new();
     let mut cell_grads = Vec::new();
@@ -182,9 +189,11 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
                 }
                 Some(-1) => rg.last_external_grad = Some(external),
                 other => {
-                    return Err(init.err(format!(
-                        "alias {j} of recurrent state {state} has offset {other:?}; a state output with a gradient must have offset 1 or -1"
-                    )))
+                    bail!(
+                        op = init,
+                        BadArgument: "alias {j} of recurrent state {state} has offset {other:?}; \
+                         a state output with a gradient must have offset 1 or -1"
+                    )
                 }
             }
         }
@@ -204,18 +213,21 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         })
         .collect::<Result<_>>()?;
     if recurrent_ids.len() != rgs.len() {
-        return Err(init.err(format!(
-            "initial_recurrent_state_ids ({}) and recurrent_states ({}) must have the same length",
+        bail!(
+            op = init,
+            BadArgument: "initial_recurrent_state_ids ({}) and recurrent_states ({}) must have \
+             the same length",
             recurrent_ids.len(),
             rgs.len()
-        )));
+        );
     }
     if def.output.len() < 1 + params.len() + rgs.len() {
-        return Err(init.err(format!(
-            "needs {} outputs (input, parameter and initial state gradients), has {}",
+        bail!(
+            op = init,
+            Schema: "needs {} outputs (input, parameter and initial state gradients), has {}",
             1 + params.len() + rgs.len(),
             def.output.len()
-        )));
+        );
     }
 
     if !step_net.external_input.contains(&timestep) {
@@ -234,10 +246,12 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         step_net.external_input.push(p.grad.clone());
     }
     let deferred = deferred::plan(&mut step_net, &links);
-    let seq_input = def
-        .input
-        .get(ng)
-        .ok_or_else(|| init.err("the forward input sequence is missing from the inputs"))?;
+    let seq_input = def.input.get(ng).ok_or_else(|| {
+        err!(
+            op = init,
+            Schema: "the forward input sequence is missing from the inputs"
+        )
+    })?;
     let seq_grad = config::remapped(init, &format!("{seq_input}_grad"))?;
     let zero_seq_grad = !steps_overwrite(&step_net, &links, &seq_grad);
     let executor = executor_for(init, &step_net, &timestep)?;
@@ -327,10 +341,10 @@ fn steps_overwrite(step_net: &NetDef, links: &[config::Link], seq_grad: &str) ->
 fn meta_of(h: &BlobHandle, name: &str) -> Result<(DataType, Vec<usize>)> {
     match &*h.read() {
         Blob::Tensor(t) => Ok((t.dtype(), t.dims().to_vec())),
-        other => Err(Error::Runtime(format!(
-            "blob {name} holds {}, expected a tensor",
+        other => Err(err!(
+            DtypeMismatch: "blob {name} holds {}, expected a tensor",
             other.type_name()
-        ))),
+        )),
     }
 }
 
@@ -353,10 +367,10 @@ impl RecurrentNetworkGradient {
         for rg in &self.rgs {
             let (dtype, dims) = meta_of(&ws.blob(&rg.state)?, &rg.state)?;
             if dims.len() != 3 {
-                return Err(Error::Runtime(format!(
-                    "recurrent state {} must be 3-dimensional, got {dims:?}",
+                bail!(
+                    ShapeMismatch: "recurrent state {} must be 3-dimensional, got {dims:?}",
                     rg.state
-                )));
+                );
             }
             let h = ws.create_blob(&rg.grad);
             let mut b = h.write();
@@ -370,11 +384,12 @@ impl RecurrentNetworkGradient {
             if let Some(og_name) = &rg.last_external_grad {
                 let og = read_tensor(&ws.blob(og_name)?, og_name)?;
                 if og.numel() != row {
-                    return Err(Error::Runtime(format!(
-                        "gradient {og_name} of the last state has {} values, a timestep of {} has {row}",
+                    bail!(
+                        ShapeMismatch: "gradient {og_name} of the last state has {} values, a \
+                         timestep of {} has {row}",
                         og.numel(),
                         rg.state
-                    )));
+                    );
                 }
                 for (d, s) in last.iter_mut().zip(og.as_slice::<f32>()?) {
                     *d += *s;
@@ -410,11 +425,13 @@ impl Operator for RecurrentNetworkGradient {
         let stack = steps::existing_stack(ctx.input_handle(last), ctx.input_name(last))?;
         let fwd: Vec<Arc<Workspace>> = stack.lock().workspaces.clone();
         if fwd.len() < t_len {
-            return Err(ctx.err(format!(
-                "{} holds {} step workspaces, the sequence has {t_len} timesteps (did the forward op run with a backward_step_net?)",
+            bail!(
+                op = ctx,
+                ShapeMismatch: "{} holds {} step workspaces, the sequence has {t_len} timesteps \
+                 (did the forward op run with a backward_step_net?)",
                 ctx.input_name(last),
                 fwd.len()
-            )));
+            );
         }
         self.prepare(&ws, &seq_input)?;
         let bwd: Vec<Arc<Workspace>> = (0..t_len)
@@ -440,11 +457,12 @@ impl Operator for RecurrentNetworkGradient {
             let grad = read_tensor(&ws.blob(&rg.grad)?, &rg.grad)?;
             let n = init.numel() * init.dtype().item_size();
             if grad.bytes().len() < n {
-                return Err(ctx.err(format!(
-                    "state gradient {} is smaller than the initial state {}",
+                bail!(
+                    op = ctx,
+                    ShapeMismatch: "state gradient {} is smaller than the initial state {}",
                     rg.grad,
                     ctx.input_name(input)
-                )));
+                );
             }
             let h = ctx.output_handle(i + self.params.len() + 1);
             let mut b = h.write();

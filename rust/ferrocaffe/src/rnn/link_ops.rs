@@ -15,30 +15,29 @@ use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::tensor::Tensor;
 use crate::workspace::Blob;
+use crate::{bail, err};
 
 /// The timestep value held by a timestep blob (int32 or int64, one value).
 pub fn timestep_value(t: &Tensor) -> Result<i64> {
     let v = t.to_i64_vec()?;
     v.first()
         .copied()
-        .ok_or_else(|| crate::Error::Runtime("the timestep blob holds no value".into()))
+        .ok_or_else(|| err!(ShapeMismatch: "the timestep blob holds no value"))
 }
 
 /// Rows `start .. start + window` of `external` as a view, checking the bounds.
 pub fn row_view(external: &Tensor, start: i64, window: i64) -> Result<Tensor> {
     let rows = external.dims().first().copied().unwrap_or(0);
     if external.numel() == 0 || rows == 0 {
-        return Err(crate::Error::Runtime(format!(
-            "cannot link into an empty tensor of shape {:?}",
-            external.dims()
-        )));
+        bail!(ShapeMismatch: "cannot link into an empty tensor of shape {:?}", external.dims());
     }
     if start < 0 || window < 0 || (start + window) as u64 > rows as u64 {
-        return Err(crate::Error::Runtime(format!(
-            "link rows [{start}, {}) are outside a tensor of {rows} rows (shape {:?})",
+        bail!(
+            ShapeMismatch: "link rows [{start}, {}) are outside a tensor of {rows} rows (shape \
+             {:?})",
             start + window,
             external.dims()
-        )));
+        );
     }
     let row = external.numel() / rows;
     let mut dims = external.dims().to_vec();
@@ -54,7 +53,7 @@ struct ApplyLink {
 impl Operator for ApplyLink {
     fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
         if ctx.is_inplace(0, 0) || ctx.is_inplace(1, 0) {
-            return Err(ctx.err("the linked blob must differ from the timestep and the buffer"));
+            bail!(op = ctx, Schema: "the linked blob must differ from the timestep and the buffer");
         }
         let t = timestep_value(ctx.input(0)?)?;
         let view = row_view(ctx.output(1)?, t + self.offset, self.window)?;
@@ -68,10 +67,10 @@ pub fn create_apply_link(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let offset = init.args.int("offset", -1)?;
     let window = init.args.int("window", -1)?;
     if offset < 0 {
-        return Err(init.err("offset not set"));
+        bail!(op = init, BadArgument: "offset not set");
     }
     if window < 0 {
-        return Err(init.err("window not set"));
+        bail!(op = init, BadArgument: "window not set");
     }
     Ok(Box::new(ApplyLink { offset, window }))
 }
@@ -88,22 +87,16 @@ impl Operator for AccumulateInputGradient {
         let g = outs.tensor(0)?;
         let rows = g.dims().first().copied().unwrap_or(0);
         if rows == 0 {
-            return Err(crate::Error::Runtime(
-                "accumulation destination is empty".into(),
-            ));
+            bail!(ShapeMismatch: "accumulation destination is empty");
         }
         let step = g.numel() / rows;
         let dst = (t + self.offset) as usize * step;
         let src = t as usize * step;
         if t < 0 || dst + step > g.numel() {
-            return Err(crate::Error::Runtime(
-                "Accumulation destination address over bounds".into(),
-            ));
+            bail!(ShapeMismatch: "Accumulation destination address over bounds");
         }
         if src + step > og.numel() {
-            return Err(crate::Error::Runtime(
-                "Accumulation source address out of bounds".into(),
-            ));
+            bail!(ShapeMismatch: "Accumulation source address out of bounds");
         }
         let from = &og.as_slice::<f32>()?[src..src + step];
         for (d, s) in g.as_mut_slice::<f32>()?[dst..dst + step]
@@ -120,7 +113,7 @@ impl Operator for AccumulateInputGradient {
 pub fn create_accumulate_input_gradient(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let offset = init.args.int("offset", -1)?;
     if offset < 0 {
-        return Err(init.err("Offset not set"));
+        bail!(op = init, BadArgument: "Offset not set");
     }
     Ok(Box::new(AccumulateInputGradient { offset }))
 }
@@ -130,17 +123,18 @@ struct AccumulateParamGradient;
 impl Operator for AccumulateParamGradient {
     fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
         if !ctx.is_inplace(0, 0) || ctx.is_inplace(1, 0) {
-            return Err(ctx.err("expects (g, step_g) -> g with g in place"));
+            bail!(op = ctx, Schema: "expects (g, step_g) -> g with g in place");
         }
         let (ins, mut outs) = ctx.split();
         let step = ins.tensor(1)?;
         let g = outs.tensor(0)?;
         if g.dims() != step.dims() {
-            return Err(crate::Error::Runtime(format!(
-                "parameter gradient of shape {:?} cannot take a step gradient of shape {:?}",
+            bail!(
+                ShapeMismatch: "parameter gradient of shape {:?} cannot take a step gradient of \
+                 shape {:?}",
                 g.dims(),
                 step.dims()
-            )));
+            );
         }
         let src = step.as_slice::<f32>()?;
         for (d, s) in g.as_mut_slice::<f32>()?.iter_mut().zip(src) {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::blas::{hold_constant, ConstantOperands};
+use crate::err;
 use crate::error::{Error, Result};
 use crate::proto::NetDef;
 use crate::tensor::Tensor;
@@ -50,10 +51,10 @@ pub fn hold_params<'a>(
 pub fn read_tensor(h: &BlobHandle, name: &str) -> Result<Tensor> {
     match &*h.read() {
         Blob::Tensor(t) => Ok(t.clone()),
-        other => Err(Error::Runtime(format!(
-            "blob {name} holds {}, expected a tensor",
+        other => Err(err!(
+            DtypeMismatch: "blob {name} holds {}, expected a tensor",
             other.type_name()
-        ))),
+        )),
     }
 }
 
@@ -86,10 +87,11 @@ pub fn stack_in(h: &BlobHandle) -> Arc<Mutex<WorkspaceStack>> {
 pub fn existing_stack(h: &BlobHandle, name: &str) -> Result<Arc<Mutex<WorkspaceStack>>> {
     let b = h.read();
     scratch_of(&b).ok_or_else(|| {
-        Error::Runtime(format!(
-            "blob {name} should hold the step workspaces of a RecurrentNetwork op, found {}",
+        err!(
+            DtypeMismatch: "blob {name} should hold the step workspaces of a RecurrentNetwork op, \
+             found {}",
             b.type_name()
-        ))
+        )
     })
 }
 
@@ -128,8 +130,7 @@ pub fn ensure_workspaces(
 
 /// Writes `t` (int32, shape `[1]`) into blob `name` of `ws` (created where `ws` creates it).
 pub fn set_timestep(ws: &Workspace, name: &str, t: usize) -> Result<()> {
-    let v =
-        i32::try_from(t).map_err(|_| Error::Runtime(format!("timestep {t} does not fit int32")))?;
+    let v = i32::try_from(t).map_err(|_| err!(Runtime: "timestep {t} does not fit int32"))?;
     let h = ws.create_blob(name);
     let mut b = h.write();
     match &mut *b {
@@ -157,9 +158,10 @@ pub fn run_step_net(ws: &Arc<Workspace>, def: &NetDef, timestep: &str, t: usize)
     r.map_err(|e| at_timestep(e, def.name(), t))
 }
 
-/// `e` with the step net and timestep appended.
+/// `e` with the step net and timestep appended (its kind kept where Caffe2 enforced it, see
+/// [`Error::map_message`]).
 pub fn at_timestep(e: Error, net: &str, t: usize) -> Error {
-    Error::Runtime(format!("{e} [recurrent step net '{net}', timestep {t}]"))
+    e.map_message(|m| format!("{m} [recurrent step net '{net}', timestep {t}]"))
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 
+use crate::err;
 use crate::error::{Error, Result};
 use crate::proto::{decode, NetDef, FILE_DESCRIPTOR_SET};
 
@@ -16,7 +17,7 @@ fn net_descriptor() -> Result<&'static MessageDescriptor> {
             .ok_or_else(|| "caffe2.NetDef is not in the compiled schema".to_string())
     })
     .as_ref()
-    .map_err(|e| Error::Runtime(format!("protobuf schema unavailable: {e}")))
+    .map_err(|e| err!(Runtime: "protobuf schema unavailable: {e}"))
 }
 
 /// Parses a `NetDef` written in protobuf text format.

@@ -7,7 +7,8 @@
 
 mod table;
 
-use crate::error::{Error, Result};
+use crate::bail;
+use crate::error::Result;
 use crate::proto::OperatorDef;
 
 /// In-place pairs were recorded for input and output indices below this bound.
@@ -79,33 +80,30 @@ impl OpSchema {
     }
 
     /// Checks an operator definition against this schema: input/output counts and in-place
-    /// rules. The error names the op and what was expected.
+    /// rules. The error, an [`Error::Schema`](crate::error::Error::Schema), names the op and
+    /// what was expected.
     pub fn verify(&self, op: &OperatorDef) -> Result<()> {
         let what = || format!("operator {} (type {})", op.name(), op.r#type());
         let (ni, no) = (op.input.len(), op.output.len());
         if !Self::count_ok(ni, self.inputs, self.input_count_mask) {
-            return Err(Error::InvalidArgument(format!(
-                "{}: {} inputs given, expected {}",
-                what(),
-                ni,
-                range_text(self.inputs)
-            )));
+            bail!(Schema: "{}: {} inputs given, expected {}", what(), ni, range_text(self.inputs));
         }
         if !Self::count_ok(no, self.outputs, self.output_count_mask) {
-            return Err(Error::InvalidArgument(format!(
-                "{}: {} outputs given, expected {}",
+            bail!(
+                Schema: "{}: {} outputs given, expected {}",
                 what(),
                 no,
                 range_text(self.outputs)
-            )));
+            );
         }
         for &(i, o) in self.inplace_enforced {
             if let (Some(a), Some(b)) = (op.input.get(i as usize), op.output.get(o as usize)) {
                 if a != b {
-                    return Err(Error::InvalidArgument(format!(
-                        "{}: input {i} ('{a}') and output {o} ('{b}') must be the same blob (in-place op)",
+                    bail!(
+                        Schema: "{}: input {i} ('{a}') and output {o} ('{b}') must be the same \
+                         blob (in-place op)",
                         what()
-                    )));
+                    );
                 }
             }
         }
@@ -116,10 +114,11 @@ impl OpSchema {
                     && self.input_count_mask == 0
                     && self.inputs != (0, u32::MAX)
                 {
-                    return Err(Error::InvalidArgument(format!(
-                        "{}: input {i} and output {o} are both '{out}', but this op cannot run in place",
+                    bail!(
+                        Schema: "{}: input {i} and output {o} are both '{out}', but this op \
+                         cannot run in place",
                         what()
-                    )));
+                    );
                 }
             }
         }
@@ -167,8 +166,9 @@ mod tests {
             .is_ok());
         let err = fc
             .verify(&OperatorDef::new("FC", ["x", "w"], ["y"]))
-            .unwrap_err()
-            .to_string();
+            .unwrap_err();
+        assert_eq!(err.kind(), crate::error::ErrorKind::Schema);
+        let err = err.to_string();
         assert!(err.contains("2 inputs given, expected exactly 3"), "{err}");
         assert!(lookup("NoSuchOp").is_none());
     }

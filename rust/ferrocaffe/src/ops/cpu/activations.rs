@@ -8,6 +8,7 @@ use crate::dispatch;
 use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
+use crate::{bail, err};
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
@@ -64,7 +65,7 @@ fn grad_y_dy(f: impl Fn(f32, f32) -> f32 + Send + Copy + 'static) -> Result<Box<
         let (yd, _) = input_meta(ctx, 0)?;
         let (gd, _) = input_meta(ctx, 1)?;
         if yd != gd {
-            return Err(ctx.err(format!("Y {yd:?} and dY {gd:?} must have the same shape")));
+            bail!(op = ctx, ShapeMismatch: "Y {yd:?} and dY {gd:?} must have the same shape");
         }
         binary::<f32, f32, f32>(ctx, &yd, &gd, &yd, &yd, f)
     })))
@@ -73,7 +74,7 @@ fn grad_y_dy(f: impl Fn(f32, f32) -> f32 + Send + Copy + 'static) -> Result<Box<
 fn create_pow(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     if init.num_inputs() == 1 {
         if !init.args.has("exponent") {
-            return Err(init.err("Pow needs an exponent argument or a second input"));
+            bail!(op = init, BadArgument: "Pow needs an exponent argument or a second input");
         }
         let e = init.args.float("exponent", 1.0)?;
         return Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
@@ -82,16 +83,21 @@ fn create_pow(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         })));
     }
     if init.args.has("exponent") {
-        return Err(init.err("Only one of the exponent argument and a second input may be given"));
+        bail!(
+            op = init,
+            BadArgument: "Only one of the exponent argument and a second input may be given"
+        );
     }
     let bc = BroadcastArgs::new(init)?;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let (a, _) = input_meta(ctx, 0)?;
         let (b, _) = input_meta(ctx, 1)?;
         if !bc.legacy && a != b {
-            return Err(ctx.err(format!(
-                "Dimension mismatch - did you forget to set broadcast=1? {a:?} vs {b:?}"
-            )));
+            bail!(
+                op = ctx,
+                ShapeMismatch: "Dimension mismatch - did you forget to set broadcast=1? {a:?} vs \
+                 {b:?}"
+            );
         }
         let (la, lb, lc, c) = bc.shapes(ctx)?;
         binary::<f32, f32, f32>(ctx, &la, &lb, &lc, &c, f32::powf)
@@ -104,9 +110,10 @@ fn create_sum_reduce_like(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let order = init.args.string("order", "NCHW")?;
     let axis = if axis == -1 && !axis_str.is_empty() {
         order.find(&axis_str).ok_or_else(|| {
-            init.err(format!(
-                "Unrecognizable axis string {axis_str} from order string {order}"
-            ))
+            err!(
+                op = init,
+                BadArgument: "Unrecognizable axis string {axis_str} from order string {order}"
+            )
         })? as i64
     } else {
         axis
@@ -158,10 +165,11 @@ fn prelu(ctx: &mut OpContext<'_>, nhwc: bool, gradient: bool) -> Result<()> {
     };
     let shared = slope.len() == 1;
     if !shared && slope.len() != channels {
-        return Err(ctx.err(format!(
-            "slope has {} values, expected 1 or C = {channels}",
+        bail!(
+            op = ctx,
+            ShapeMismatch: "slope has {} values, expected 1 or C = {channels}",
             slope.len()
-        )));
+        );
     }
     let x = ctx.input(xi)?.as_slice::<f32>()?.to_vec();
     let w = |k: usize| {
@@ -180,7 +188,7 @@ fn prelu(ctx: &mut OpContext<'_>, nhwc: bool, gradient: bool) -> Result<()> {
     }
     let g = ctx.input(1)?.as_slice::<f32>()?.to_vec();
     if g.len() != x.len() {
-        return Err(ctx.err("dY must have the shape of X"));
+        bail!(op = ctx, ShapeMismatch: "dY must have the shape of X");
     }
     let mut ds = vec![0f32; slope.len()];
     {

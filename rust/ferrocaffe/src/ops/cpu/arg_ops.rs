@@ -3,6 +3,7 @@
 //! otherwise it is dropped. Ties go to the first index, or the last with `select_last_index`.
 //! Inputs of type float, double, int32 or int64.
 
+use crate::bail;
 use crate::dispatch;
 use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
@@ -25,16 +26,17 @@ fn create(init: &OpInit<'_>, max: bool) -> Result<Box<dyn Operator>> {
         let nd = dims.len() as i64;
         let a = if axis < 0 { axis + nd } else { axis };
         if a < 0 || a >= nd {
-            return Err(ctx.err(format!(
-                "axis {axis} is out of range for an input of {nd} dimensions"
-            )));
+            bail!(
+                op = ctx,
+                BadArgument: "axis {axis} is out of range for an input of {nd} dimensions"
+            );
         }
         let a = a as usize;
         let outer: usize = dims[..a].iter().product();
         let len = dims[a];
         let inner: usize = dims[a + 1..].iter().product();
         if len == 0 {
-            return Err(ctx.err("cannot take the arg of an empty axis"));
+            bail!(op = ctx, ShapeMismatch: "cannot take the arg of an empty axis");
         }
         let mut out_dims = dims.clone();
         if keepdims {

@@ -5,7 +5,8 @@
 //! ops): every element of an input is read before the output element of the same index is
 //! written, which is what in-place elementwise ops need.
 
-use crate::error::{Error, Result};
+use crate::bail;
+use crate::error::Result;
 
 /// The output shape of numpy-style broadcasting of `a` and `b` (Caffe2's
 /// `ComputeBinaryBroadcastForwardDims`).
@@ -26,9 +27,10 @@ pub fn broadcast_dims(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
         c[k] = match (ad, bd) {
             (Some(x), Some(y)) => {
                 if !(x == y || x == 1 || y == 1) {
-                    return Err(Error::Runtime(format!(
-                        "A_dim == B_dim || A_dim == 1 || B_dim == 1. A_dim: {x},B_dim: {y}"
-                    )));
+                    bail!(
+                        ShapeMismatch: "A_dim == B_dim || A_dim == 1 || B_dim == 1. A_dim: \
+                         {x},B_dim: {y}"
+                    );
                 }
                 if x == 0 || y == 0 {
                     0
@@ -49,10 +51,10 @@ pub fn broadcast_dims(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
 /// the end of A).
 pub fn legacy_sizes(a: &[usize], b: &[usize], axis: i64) -> Result<(usize, usize, usize)> {
     if a.len() < b.len() {
-        return Err(Error::Runtime(
-            "If you are doing broadcasting, input1 should have a smaller or equal number of dimensions."
-                .into(),
-        ));
+        bail!(
+            ShapeMismatch: "If you are doing broadcasting, input1 should have a smaller or equal \
+             number of dimensions."
+        );
     }
     let axis = if axis == -1 {
         (a.len() - b.len()) as i64
@@ -60,9 +62,10 @@ pub fn legacy_sizes(a: &[usize], b: &[usize], axis: i64) -> Result<(usize, usize
         axis
     };
     if axis < 0 || axis as usize > a.len() - b.len() {
-        return Err(Error::Runtime(format!(
-            "Broadcast axis should be in the range of[0, A.ndim() - B.ndim()], but axis = {axis}"
-        )));
+        bail!(
+            BadArgument: "Broadcast axis should be in the range of[0, A.ndim() - B.ndim()], but \
+             axis = {axis}"
+        );
     }
     let axis = axis as usize;
     let mut start = 0;
@@ -77,12 +80,12 @@ pub fn legacy_sizes(a: &[usize], b: &[usize], axis: i64) -> Result<(usize, usize
     let mut n = 1;
     for i in start..end {
         if a[i + axis] != b[i] {
-            return Err(Error::Runtime(format!(
-                "Broadcast dimension mismatch. A dim {} is {}, B dim {i} is {}",
+            bail!(
+                ShapeMismatch: "Broadcast dimension mismatch. A dim {} is {}, B dim {i} is {}",
                 i + axis,
                 a[i + axis],
                 b[i]
-            )));
+            );
         }
         n *= b[i];
     }

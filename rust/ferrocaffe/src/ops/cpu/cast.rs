@@ -8,6 +8,7 @@ use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 use crate::tensor::{DataType, Tensor};
+use crate::{bail, err};
 
 /// Registers Cast.
 pub fn register(r: &mut Registry) {
@@ -18,9 +19,9 @@ fn parse_to(init: &OpInit<'_>) -> Result<DataType> {
     let arg = init
         .args
         .get("to")
-        .ok_or_else(|| init.err("Cast needs a 'to' argument"))?;
+        .ok_or_else(|| err!(op = init, BadArgument: "Cast needs a 'to' argument"))?;
     if let Some(i) = arg.i {
-        return DataType::from_proto(i).map_err(|e| init.err(e));
+        return DataType::from_proto(i).map_err(|e| err!(op = init, BadArgument: e));
     }
     let s = init.args.string("to", "")?.to_uppercase();
     let num = match s.as_str() {
@@ -36,9 +37,9 @@ fn parse_to(init: &OpInit<'_>) -> Result<DataType> {
         "INT64" => 10,
         "FLOAT16" => 12,
         "DOUBLE" => 13,
-        _ => return Err(init.err(format!("Unknown 'to' argument: {s}"))),
+        _ => bail!(op = init, BadArgument: "Unknown 'to' argument: {s}"),
     };
-    DataType::from_proto(num).map_err(|e| init.err(e))
+    DataType::from_proto(num).map_err(|e| err!(op = init, BadArgument: e))
 }
 
 /// Reads every element as f64 (exact for all integer types used here except huge int64,
@@ -50,10 +51,7 @@ fn convert(src: &Tensor, to: DataType, out: &mut Tensor) -> Result<()> {
         return Ok(());
     }
     if src.dtype() == DataType::String || to == DataType::String {
-        return Err(crate::error::Error::Runtime(format!(
-            "Cast from {} to {to} is not supported",
-            src.dtype()
-        )));
+        bail!(NotImplemented: "Cast from {} to {to} is not supported", src.dtype());
     }
     let n = src.numel();
     let vals: Vec<f64> = if src.dtype() == DataType::Int64 {

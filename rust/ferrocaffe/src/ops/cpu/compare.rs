@@ -4,6 +4,7 @@
 use super::broadcast::{broadcast_dims, for_each_broadcast};
 use super::elementwise::{binary, input_meta, unary};
 use super::math::BroadcastArgs;
+use crate::bail;
 use crate::dispatch;
 use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
@@ -78,29 +79,31 @@ fn where_kernel(ctx: &mut OpContext<'_>, rows: bool) -> Result<()> {
     let (xd, xt) = input_meta(ctx, 1)?;
     let (yd, yt) = input_meta(ctx, 2)?;
     if ct != DataType::Bool {
-        return Err(ctx.err(format!("Where expects a bool condition, got {ct}")));
+        bail!(op = ctx, DtypeMismatch: "Where expects a bool condition, got {ct}");
     }
     if xt != yt {
-        return Err(ctx.err(format!("Where: X is {xt} but Y is {yt}")));
+        bail!(op = ctx, DtypeMismatch: "Where: X is {xt} but Y is {yt}");
     }
     if xd != yd {
-        return Err(ctx.err(format!("left.sizes() == right.sizes(). {xd:?} vs {yd:?}")));
+        bail!(op = ctx, ShapeMismatch: "left.sizes() == right.sizes(). {xd:?} vs {yd:?}");
     }
     let out_dims = if rows {
         if cd.len() != 1 || xd.first() != cd.first() {
-            return Err(ctx.err(format!(
-                "Where with broadcast_on_rows needs a 1-d condition of X's first dimension, got {cd:?} for {xd:?}"
-            )));
+            bail!(
+                op = ctx,
+                ShapeMismatch: "Where with broadcast_on_rows needs a 1-d condition of X's first \
+                 dimension, got {cd:?} for {xd:?}"
+            );
         }
         xd.clone()
     } else {
         if cd != xd {
-            return Err(ctx.err(format!("select.sizes() == left.sizes(). {cd:?} vs {xd:?}")));
+            bail!(op = ctx, ShapeMismatch: "select.sizes() == left.sizes(). {cd:?} vs {xd:?}");
         }
         broadcast_dims(&cd, &xd)?
     };
     if (1..3).any(|i| ctx.is_inplace(i, 0)) || ctx.is_inplace(0, 0) {
-        return Err(ctx.err("Where cannot run in place"));
+        bail!(op = ctx, Schema: "Where cannot run in place");
     }
     dispatch!(xt, [Float => f32, Double => f64, Int32 => i32, Int64 => i64, Bool => bool, Uint8 => u8], |T| {
         let (ins, mut outs) = ctx.split();

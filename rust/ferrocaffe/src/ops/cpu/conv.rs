@@ -5,7 +5,8 @@
 
 use super::conv_args::{Geometry, Order};
 use super::fc::sgemm;
-use crate::error::{Error, Result};
+use crate::bail;
+use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 
@@ -15,10 +16,6 @@ pub fn register(r: &mut Registry) {
     r.cpu("Conv2D", |i| create(i, false));
     r.cpu("ConvGradient", |i| create(i, true));
     r.cpu("Conv2DGradient", |i| create(i, true));
-}
-
-fn rt(msg: impl std::fmt::Display) -> Error {
-    Error::Runtime(msg.to_string())
 }
 
 /// Sizes of one convolution.
@@ -63,29 +60,28 @@ impl Conv {
     fn dims(&self, xd: &[usize], wd: &[usize]) -> Result<Dims> {
         let (n, c, h, w) = self.g.nchw(xd)?;
         if wd.len() != 4 {
-            return Err(rt(format!("filter must be 4-d, got {wd:?}")));
+            bail!(ShapeMismatch: "filter must be 4-d, got {wd:?}");
         }
         let (m, wc, kh, kw) = match self.g.order {
             Order::Nchw => (wd[0], wd[1], wd[2], wd[3]),
             Order::Nhwc => (wd[0], wd[3], wd[1], wd[2]),
         };
         if c != wc * self.group {
-            return Err(rt(format!(
-                "Convolution op: input channels does not match: # of input channels {c} is not equal to kernel channels * group: {wc}*{}",
+            bail!(
+                ShapeMismatch: "Convolution op: input channels does not match: # of input \
+                 channels {c} is not equal to kernel channels * group: {wc}*{}",
                 self.group
-            )));
+            );
         }
         if m % self.group != 0 {
-            return Err(rt(format!(
-                "The number of output channels {m} is not divisible by group {}",
+            bail!(
+                ShapeMismatch: "The number of output channels {m} is not divisible by group {}",
                 self.group
-            )));
+            );
         }
         for (i, (&k, &gk)) in [kh, kw].iter().zip(&self.g.kernel).enumerate() {
             if gk != 0 && gk != k {
-                return Err(rt(format!(
-                    "kernel argument {gk} disagrees with filter dim {i}: {k}"
-                )));
+                bail!(ShapeMismatch: "kernel argument {gk} disagrees with filter dim {i}: {k}");
             }
         }
         let (oh, ow) = self.g.out_size(h, w, kh, kw)?;
@@ -119,7 +115,7 @@ impl Conv {
         let bias = if ins.len() > 2 {
             let b = ins.tensor(2)?.as_slice::<f32>()?;
             if b.len() != d.m {
-                return Err(rt(format!("bias has {} values, expected {}", b.len(), d.m)));
+                bail!(ShapeMismatch: "bias has {} values, expected {}", b.len(), d.m);
             }
             Some(b)
         } else {
@@ -217,10 +213,7 @@ impl Conv {
         let dy = ins.tensor(2)?;
         let y_dims = self.g.dims(d.n, d.m, d.oh, d.ow);
         if dy.dims() != y_dims.as_slice() {
-            return Err(rt(format!(
-                "dY has shape {:?}, expected {y_dims:?}",
-                dy.dims()
-            )));
+            bail!(ShapeMismatch: "dY has shape {:?}, expected {y_dims:?}", dy.dims());
         }
         let (xs, ws, g) = (
             x.as_slice::<f32>()?,
@@ -320,7 +313,7 @@ fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
     let g = Geometry::new(init)?;
     let group = init.args.usize("group", 1)?;
     if group == 0 {
-        return Err(init.err("group must be positive"));
+        bail!(op = init, BadArgument: "group must be positive");
     }
     Ok(Box::new(Conv {
         g,

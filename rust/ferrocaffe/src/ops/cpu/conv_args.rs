@@ -2,8 +2,9 @@
 //! `kernel`/`kernel_h`/`kernel_w`/`kernels`, `stride(s)`, `pad`/`pad_t`/`pad_l`/`pad_b`/`pad_r`/
 //! `pads`, `dilation(s)`, `order`, `global_pooling`, for 2-d spatial data.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::operator::OpInit;
+use crate::{bail, err};
 
 /// Memory layout of image tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,9 +44,7 @@ fn pair(
     let l = a.ints(list);
     if !l.is_empty() {
         if l.len() != 2 {
-            return Err(init.err(format!(
-                "{list} must have 2 values (2-d ops only), got {l:?}"
-            )));
+            bail!(op = init, BadArgument: "{list} must have 2 values (2-d ops only), got {l:?}");
         }
         return Ok([l[0], l[1]]);
     }
@@ -57,7 +56,12 @@ fn pair(
 }
 
 fn non_negative(init: &OpInit<'_>, what: &str, v: i64) -> Result<usize> {
-    usize::try_from(v).map_err(|_| init.err(format!("{what} must not be negative, got {v}")))
+    usize::try_from(v).map_err(|_| {
+        err!(
+            op = init,
+            BadArgument: "{what} must not be negative, got {v}"
+        )
+    })
 }
 
 impl Geometry {
@@ -67,7 +71,7 @@ impl Geometry {
         let order = match a.string("order", "NCHW")?.as_str() {
             "NCHW" => Order::Nchw,
             "NHWC" => Order::Nhwc,
-            other => return Err(init.err(format!("Unknown storage order: {other}"))),
+            other => bail!(op = init, BadArgument: "Unknown storage order: {other}"),
         };
         let global = a.bool("global_pooling", false)?;
         let k = pair(init, "kernel", "kernel_h", "kernel_w", "kernels", 0)?;
@@ -76,7 +80,7 @@ impl Geometry {
         let pads = a.ints("pads");
         let pad = if !pads.is_empty() {
             if pads.len() != 4 {
-                return Err(init.err(format!("pads must have 4 values, got {pads:?}")));
+                bail!(op = init, BadArgument: "pads must have 4 values, got {pads:?}");
             }
             [pads[0], pads[1], pads[2], pads[3]]
         } else if ["pad_t", "pad_l", "pad_b", "pad_r"]
@@ -116,7 +120,7 @@ impl Geometry {
             global,
         };
         if g.stride.contains(&0) || g.dilation.contains(&0) {
-            return Err(init.err("stride and dilation must be positive"));
+            bail!(op = init, BadArgument: "stride and dilation must be positive");
         }
         Ok(g)
     }
@@ -124,9 +128,10 @@ impl Geometry {
     /// `(N, C, H, W)` of an image tensor in this layout.
     pub fn nchw(&self, dims: &[usize]) -> Result<(usize, usize, usize, usize)> {
         if dims.len() != 4 {
-            return Err(Error::Runtime(format!(
-                "expected a 4-d image tensor (2-d spatial ops only), got shape {dims:?}"
-            )));
+            bail!(
+                ShapeMismatch: "expected a 4-d image tensor (2-d spatial ops only), got shape \
+                 {dims:?}"
+            );
         }
         Ok(match self.order {
             Order::Nchw => (dims[0], dims[1], dims[2], dims[3]),
@@ -140,9 +145,10 @@ impl Geometry {
             let dk = d * (k.max(1) - 1) + 1;
             let padded = inp + p0 + p1;
             if padded < dk {
-                return Err(Error::Runtime(format!(
-                    "kernel of extent {dk} does not fit the padded input of size {padded}"
-                )));
+                bail!(
+                    ShapeMismatch: "kernel of extent {dk} does not fit the padded input of size \
+                     {padded}"
+                );
             }
             Ok((padded - dk) / s + 1)
         };

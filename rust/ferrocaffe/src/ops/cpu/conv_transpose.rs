@@ -5,9 +5,10 @@
 use super::conv::{col2im, Dims};
 use super::conv_args::{Geometry, Order};
 use super::fc::sgemm;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
+use crate::{bail, err};
 
 /// Registers ConvTranspose.
 pub fn register(r: &mut Registry) {
@@ -27,9 +28,7 @@ impl Operator for ConvTranspose {
         let (n, cin, h, wd) = self.g.nchw(x.dims())?;
         let wdims = w.dims();
         if wdims.len() != 4 || wdims[0] != cin {
-            return Err(Error::Runtime(format!(
-                "filter {wdims:?} must be 4-d with {cin} input channels first"
-            )));
+            bail!(ShapeMismatch: "filter {wdims:?} must be 4-d with {cin} input channels first");
         }
         let (cout, kh, kw) = match self.g.order {
             Order::Nchw => (wdims[1], wdims[2], wdims[3]),
@@ -39,7 +38,7 @@ impl Operator for ConvTranspose {
             |inp: usize, k: usize, s: usize, p0: usize, p1: usize, adj: usize| -> Result<usize> {
                 ((inp.max(1) - 1) * s + k + adj)
                     .checked_sub(p0 + p1)
-                    .ok_or_else(|| Error::Runtime("padding larger than the output".into()))
+                    .ok_or_else(|| err!(BadArgument: "padding larger than the output"))
             };
         let g = &self.g;
         let oh = size(h, kh, g.stride[0], g.pad[0], g.pad[2], self.adj[0])?;
@@ -47,10 +46,7 @@ impl Operator for ConvTranspose {
         let bias = if ins.len() > 2 {
             let b = ins.tensor(2)?.as_slice::<f32>()?;
             if b.len() != cout {
-                return Err(Error::Runtime(format!(
-                    "bias has {} values, expected {cout}",
-                    b.len()
-                )));
+                bail!(ShapeMismatch: "bias has {} values, expected {cout}", b.len());
             }
             Some(b)
         } else {

@@ -3,6 +3,7 @@
 
 use std::io::Write;
 
+use crate::err;
 use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
@@ -107,8 +108,8 @@ impl Operator for PrintOp {
                 .create(true)
                 .append(true)
                 .open(&path)
-                .map_err(|e| ctx.err(format!("cannot open {}: {e}", path.display())))?;
-            writeln!(f, "{line}").map_err(|e| ctx.err(e))?;
+                .map_err(|e| err!(op = ctx, Runtime: "cannot open {}: {e}", path.display()))?;
+            writeln!(f, "{line}").map_err(|e| err!(op = ctx, Runtime: e))?;
         } else {
             eprintln!("{line}");
         }

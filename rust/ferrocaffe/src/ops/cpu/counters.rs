@@ -12,6 +12,7 @@ use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 use crate::tensor::Tensor;
 use crate::workspace::Blob;
+use crate::{bail, err};
 
 /// Registers the counters family.
 pub fn register(r: &mut Registry) {
@@ -74,18 +75,16 @@ pub fn register(r: &mut Registry) {
 fn increment(ctx: &mut OpContext<'_>) -> Result<()> {
     let out = ctx.output(0)?;
     if out.numel() != 1 {
-        return Err(ctx.err("The output of IterOp exists, but not of the right size."));
+        bail!(op = ctx, ShapeMismatch: "The output of IterOp exists, but not of the right size.");
     }
     let v = out
         .as_mut_slice::<i64>()
-        .map_err(|e| crate::error::Error::Runtime(format!("Iter expects an int64 counter: {e}")))?;
+        .map_err(|e| err!(DtypeMismatch: "Iter expects an int64 counter: {e}"))?;
     if v[0] < 0 {
-        return Err(crate::error::Error::Runtime(
-            "Previous iteration number is negative.".into(),
-        ));
+        bail!(BadArgument: "Previous iteration number is negative.");
     }
     if v[0] == i64::MAX {
-        return Err(crate::error::Error::Runtime("Overflow will happen!".into()));
+        bail!(Runtime: "Overflow will happen!");
     }
     v[0] += 1;
     Ok(())
@@ -102,11 +101,12 @@ fn atomic_iter_kernel(ctx: &mut OpContext<'_>) -> Result<()> {
     let m = match ctx.input_blob(0)? {
         Blob::Mutex(m) => m.clone(),
         other => {
-            return Err(ctx.err(format!(
-                "AtomicIter expects a mutex in '{}', found {}",
+            bail!(
+                op = ctx,
+                DtypeMismatch: "AtomicIter expects a mutex in '{}', found {}",
                 ctx.input_name(0),
                 other.type_name()
-            )))
+            )
         }
     };
     let _g = m.lock();
@@ -116,22 +116,24 @@ fn atomic_iter_kernel(ctx: &mut OpContext<'_>) -> Result<()> {
 fn atomic_bool(ctx: &OpContext<'_>, i: usize) -> Result<Arc<AtomicBool>> {
     match ctx.input_blob(i)? {
         Blob::AtomicBool(b) => Ok(b.clone()),
-        other => Err(ctx.err(format!(
-            "expected an atomic bool in '{}', found {}",
+        other => Err(err!(
+            op = ctx,
+            DtypeMismatch: "expected an atomic bool in '{}', found {}",
             ctx.input_name(i),
             other.type_name()
-        ))),
+        )),
     }
 }
 
 fn counter(ctx: &OpContext<'_>) -> Result<Arc<AtomicI64>> {
     match ctx.input_blob(0)? {
         Blob::Counter(c) => Ok(c.clone()),
-        other => Err(ctx.err(format!(
-            "expected a counter in '{}', found {}",
+        other => Err(err!(
+            op = ctx,
+            DtypeMismatch: "expected a counter in '{}', found {}",
             ctx.input_name(0),
             other.type_name()
-        ))),
+        )),
     }
 }
 

@@ -6,19 +6,17 @@ use std::fs;
 use std::io::Write;
 use std::path::Path;
 
-use crate::error::{Error, Result};
-
-fn rt(msg: impl std::fmt::Display) -> Error {
-    Error::Runtime(msg.to_string())
-}
+use crate::error::Result;
+use crate::{bail, err};
 
 /// Checks that `db_type` is known.
 pub fn check_type(db_type: &str, path: &str) -> Result<()> {
     match db_type {
         "minidb" | "protodb" => Ok(()),
-        other => Err(rt(format!(
-            "Cannot find db implementation of type {other} (while trying to open {path})"
-        ))),
+        other => Err(err!(
+            NotImplemented: "Cannot find db implementation of type {other} (while trying to open \
+             {path})"
+        )),
     }
 }
 
@@ -68,10 +66,10 @@ impl Reader {
     /// Opens `path` as `db_type`.
     pub fn open(db_type: &str, path: &str) -> Result<Reader> {
         check_type(db_type, path)?;
-        let data = fs::read(path).map_err(|e| rt(format!("Cannot open file: {path} ({e})")))?;
+        let data = fs::read(path).map_err(|e| err!(Runtime: "Cannot open file: {path} ({e})"))?;
         let protos = if db_type == "protodb" {
             let p = protodb_entries(&data)
-                .ok_or_else(|| rt(format!("Cannot read protobuffer. ({path})")))?;
+                .ok_or_else(|| err!(Runtime: "Cannot read protobuffer. ({path})"))?;
             Some(p.into_iter())
         } else {
             None
@@ -92,11 +90,11 @@ impl Reader {
         if self.pos >= self.data.len() {
             return Ok(None);
         }
-        let truncated = || rt(format!("minidb file {} is truncated", self.path));
+        let truncated = || err!(Runtime: "minidb file {} is truncated", self.path);
         let read_len = |at: usize| -> Result<usize> {
             let b = self.data.get(at..at + 4).ok_or_else(truncated)?;
             let v = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            usize::try_from(v).map_err(|_| rt(format!("negative record length in {}", self.path)))
+            usize::try_from(v).map_err(|_| err!(Runtime: "negative record length in {}", self.path))
         };
         let kl = read_len(self.pos)?;
         let vl = read_len(self.pos + 4)?;
@@ -140,18 +138,16 @@ impl Writer {
             let (p, bytes, ok) = crate::wire::tensor_round_trip(value);
             self.protos.push(bytes);
             if !ok {
-                return Err(rt("Cannot parse content from the value string"));
+                bail!(Runtime: "Cannot parse content from the value string");
             }
             let name = p.name().to_string();
             if name != key {
-                return Err(rt(format!(
-                    "Passed in key {key} does not equal to the tensor name {name}"
-                )));
+                bail!(Runtime: "Passed in key {key} does not equal to the tensor name {name}");
             }
             return Ok(());
         }
-        let kl = i32::try_from(key.len()).map_err(|_| rt("key too long"))?;
-        let vl = i32::try_from(value.len()).map_err(|_| rt("value too long"))?;
+        let kl = i32::try_from(key.len()).map_err(|_| err!(Runtime: "key too long"))?;
+        let vl = i32::try_from(value.len()).map_err(|_| err!(Runtime: "value too long"))?;
         self.buf.extend_from_slice(&kl.to_le_bytes());
         self.buf.extend_from_slice(&vl.to_le_bytes());
         self.buf.extend_from_slice(key.as_bytes());
@@ -182,9 +178,9 @@ impl Writer {
             self.buf
         };
         let mut f = fs::File::create(&self.path)
-            .map_err(|e| rt(format!("Cannot open file: {} ({e})", self.path)))?;
+            .map_err(|e| err!(Runtime: "Cannot open file: {} ({e})", self.path))?;
         f.write_all(&bytes)
-            .map_err(|e| rt(format!("Cannot write {}: {e}", self.path)))
+            .map_err(|e| err!(Runtime: "Cannot write {}: {e}", self.path))
     }
 }
 

@@ -8,6 +8,7 @@ use super::broadcast::binary_loop;
 use crate::error::{Error, Result};
 use crate::ops::operator::OpContext;
 use crate::tensor::{DataType, Element};
+use crate::{bail, err};
 
 /// Runs `$body` with the type alias `$T` bound to the Rust type of `$dtype`, for the listed
 /// data types; other types give an error naming the op's type list.
@@ -33,10 +34,10 @@ macro_rules! dispatch {
                 type $T = $t;
                 $body
             })*
-            other => Err($crate::error::Error::Runtime(format!(
-                "Unsupported input type {other}; this op supports: {}",
+            other => Err($crate::err!(
+                DtypeMismatch: "Unsupported input type {other}; this op supports: {}",
                 [$(stringify!($t)),*].join(", ")
-            ))),
+            )),
         }
     }};
 }
@@ -48,10 +49,12 @@ pub fn input_meta(ctx: &OpContext<'_>, i: usize) -> Result<(Vec<usize>, DataType
 }
 
 fn type_mismatch(ctx: &OpContext<'_>, i: usize, want: DataType, got: DataType) -> Error {
-    ctx.err(format!(
-        "Tensor type mismatch, caller expects elements to be {want} while tensor '{}' (input {i}) contains {got}",
+    err!(
+        op = ctx,
+        DtypeMismatch: "Tensor type mismatch, caller expects elements to be {want} while tensor \
+         '{}' (input {i}) contains {got}",
         ctx.input_name(i)
-    ))
+    )
 }
 
 /// `y = f(x)` elementwise from input 0 to output 0 (in place when they are one blob).
@@ -62,7 +65,7 @@ pub fn unary<A: Element, C: Element>(ctx: &mut OpContext<'_>, f: impl Fn(A) -> C
     }
     if ctx.is_inplace(0, 0) {
         if A::DTYPE != C::DTYPE {
-            return Err(ctx.err("this op cannot run in place: input and output types differ"));
+            bail!(op = ctx, Schema: "this op cannot run in place: input and output types differ");
         }
         let c = ctx.output(0)?;
         let p = c.as_mut_slice::<C>()?.as_mut_ptr();
@@ -109,14 +112,16 @@ pub fn binary<A: Element, B: Element, C: Element>(
     let alias_b = ctx.is_inplace(1, 0);
     let n_c: usize = c_dims.iter().product();
     if alias_a && (A::DTYPE != C::DTYPE || a_dims.iter().product::<usize>() != n_c) {
-        return Err(ctx.err(format!(
-            "cannot compute in place: output shape {c_dims:?} differs from input 0's"
-        )));
+        bail!(
+            op = ctx,
+            ShapeMismatch: "cannot compute in place: output shape {c_dims:?} differs from input 0's"
+        );
     }
     if alias_b && (B::DTYPE != C::DTYPE || b_dims.iter().product::<usize>() != n_c) {
-        return Err(ctx.err(format!(
-            "cannot compute in place: output shape {c_dims:?} differs from input 1's"
-        )));
+        bail!(
+            op = ctx,
+            ShapeMismatch: "cannot compute in place: output shape {c_dims:?} differs from input 1's"
+        );
     }
     let (ins, mut outs) = ctx.split();
     let ap = if alias_a {
@@ -150,9 +155,11 @@ pub fn nary_same_shape<T: Element>(ctx: &mut OpContext<'_>, f: impl Fn(T, T) -> 
     for i in 1..n_in {
         let (d, t) = input_meta(ctx, i)?;
         if d != dims {
-            return Err(ctx.err(format!(
-                "Input #{i}, input dimension:{d:?} should match output dimension: {dims:?}"
-            )));
+            bail!(
+                op = ctx,
+                ShapeMismatch: "Input #{i}, input dimension:{d:?} should match output dimension: \
+                 {dims:?}"
+            );
         }
         if t != T::DTYPE {
             return Err(type_mismatch(ctx, i, T::DTYPE, t));

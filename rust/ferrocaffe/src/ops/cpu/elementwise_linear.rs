@@ -3,7 +3,8 @@
 //! X is seen as an (N, D) matrix, N the product of the dimensions before `axis` (default 1),
 //! D the product of the rest; w and b are vectors of D values.
 
-use crate::error::{Error, Result};
+use crate::bail;
+use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext};
 use crate::ops::registry::Registry;
 use crate::tensor::Tensor;
@@ -24,19 +25,16 @@ pub fn register(r: &mut Registry) {
     });
 }
 
-fn rt(msg: impl std::fmt::Display) -> Error {
-    Error::Runtime(msg.to_string())
-}
-
 /// (N, D) of `x` split at `axis` (Caffe2's `canonical_axis_index`: -ndim <= axis < ndim).
 fn split_at_axis(x: &Tensor, axis: i64) -> Result<(usize, usize)> {
     let nd = x.ndim() as i64;
     let a = if axis < 0 { axis + nd } else { axis };
     if a < 0 || a >= nd {
-        return Err(rt(format!(
-            "axis {axis} out of range for X of shape {:?} (needs -{nd} <= axis < {nd})",
+        bail!(
+            BadArgument: "axis {axis} out of range for X of shape {:?} (needs -{nd} <= axis < \
+             {nd})",
             x.dims()
-        )));
+        );
     }
     Ok((x.size_to_dim(a as usize), x.size_from_dim(a as usize)))
 }
@@ -45,11 +43,12 @@ fn split_at_axis(x: &Tensor, axis: i64) -> Result<(usize, usize)> {
 fn check_vector(ctx: &OpContext<'_>, i: usize, d: usize) -> Result<()> {
     let t = ctx.input(i)?;
     if t.ndim() != 1 || t.dims()[0] != d {
-        return Err(rt(format!(
-            "input {i} ('{}') must be a 1-D tensor of D = {d} values, got shape {:?}",
+        bail!(
+            ShapeMismatch: "input {i} ('{}') must be a 1-D tensor of D = {d} values, got shape \
+             {:?}",
             ctx.input_name(i),
             t.dims()
-        )));
+        );
     }
     Ok(())
 }
@@ -79,12 +78,12 @@ fn gradient(ctx: &mut OpContext<'_>, axis: i64) -> Result<()> {
     check_vector(ctx, 2, d)?;
     let dy = ctx.input(0)?.as_slice::<f32>()?.to_vec();
     if dy.len() != n * d {
-        return Err(rt(format!(
-            "input 0 ('{}') has {} values, expected {} (the size of X)",
+        bail!(
+            ShapeMismatch: "input 0 ('{}') has {} values, expected {} (the size of X)",
             ctx.input_name(0),
             dy.len(),
             n * d
-        )));
+        );
     }
     let x = ctx.input(1)?.as_slice::<f32>()?.to_vec();
     let w = ctx.input(2)?.as_slice::<f32>()?.to_vec();

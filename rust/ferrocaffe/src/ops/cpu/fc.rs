@@ -8,6 +8,7 @@ use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 use crate::tensor::Tensor;
+use crate::{bail, err};
 
 /// Registers the FC family.
 pub fn register(r: &mut Registry) {
@@ -50,19 +51,11 @@ fn canonical(axis: isize, nd: usize) -> Option<usize> {
 impl Fc {
     /// (M, K, N, y_dims) after checking the shapes.
     fn sizes(&self, x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize, Vec<usize>)> {
-        let ax = canonical(self.axis, x.ndim()).ok_or_else(|| {
-            rt(format!(
-                "axis {} out of range for X of shape {:?}",
-                self.axis,
-                x.dims()
-            ))
-        })?;
+        let ax = canonical(self.axis, x.ndim()).ok_or_else(
+            || err!(BadArgument: "axis {} out of range for X of shape {:?}", self.axis, x.dims()),
+        )?;
         let axw = canonical(self.axis_w, w.ndim()).ok_or_else(|| {
-            rt(format!(
-                "axis_w {} out of range for W of shape {:?}",
-                self.axis_w,
-                w.dims()
-            ))
+            err!(BadArgument: "axis_w {} out of range for W of shape {:?}", self.axis_w, w.dims())
         })?;
         let m = x.size_to_dim(ax);
         let k = x.size_from_dim(ax);
@@ -72,11 +65,11 @@ impl Fc {
             (w.size_to_dim(axw), w.size_from_dim(axw))
         };
         if k != kw {
-            return Err(rt(format!(
-                "Dimension mismatch: X: {:?}, W: {:?} (K = {k} from X, {kw} from W)",
+            bail!(
+                ShapeMismatch: "Dimension mismatch: X: {:?}, W: {:?} (K = {k} from X, {kw} from W)",
                 x.dims(),
                 w.dims()
-            )));
+            );
         }
         let mut y_dims = x.dims()[..ax].to_vec();
         y_dims.push(n);
@@ -90,10 +83,7 @@ impl Fc {
         let b = ins.tensor(2)?;
         let (m, k, n, y_dims) = self.sizes(x, w)?;
         if b.numel() != n {
-            return Err(crate::error::Error::Runtime(format!(
-                "bias has {} values, expected N = {n}",
-                b.numel()
-            )));
+            bail!(ShapeMismatch: "bias has {} values, expected N = {n}", b.numel());
         }
         let (xs, ws, bs) = (
             x.as_slice::<f32>()?,
@@ -130,10 +120,7 @@ impl Fc {
         let dy = ins.tensor(2)?;
         let (m, k, n, _) = self.sizes(x, w)?;
         if dy.numel() != m * n {
-            return Err(crate::error::Error::Runtime(format!(
-                "dY has {} values, expected M x N = {m} x {n}",
-                dy.numel()
-            )));
+            bail!(ShapeMismatch: "dY has {} values, expected M x N = {m} x {n}", dy.numel());
         }
         let (xs, ws, dys) = (
             x.as_slice::<f32>()?,
@@ -177,11 +164,12 @@ impl Fc {
             return Ok(0.0);
         }
         if t.dtype() != crate::tensor::DataType::Float || t.dims() != dims {
-            return Err(rt(format!(
-                "gradient output {i} accumulates into a tensor of {:?} {:?}, expected float {dims:?}",
+            bail!(
+                DtypeMismatch: "gradient output {i} accumulates into a tensor of {:?} {:?}, \
+                 expected float {dims:?}",
                 t.dtype(),
                 t.dims()
-            )));
+            );
         }
         Ok(1.0)
     }
@@ -199,10 +187,6 @@ pub fn add_column_sums(dy: &[f32], m: usize, db: &mut [f32]) {
             }
         }
     });
-}
-
-fn rt(msg: impl std::fmt::Display) -> crate::error::Error {
-    crate::error::Error::Runtime(msg.to_string())
 }
 
 impl Operator for Fc {

@@ -8,10 +8,11 @@
 use half::f16;
 
 use super::rng::Rng;
-use crate::error::{Error, Result};
+use crate::error::{checked_numel, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 use crate::tensor::{DataType, Tensor};
+use crate::{bail, err};
 
 /// Registers the fill ops.
 pub fn register(r: &mut Registry) {
@@ -63,46 +64,69 @@ impl FillShape {
         };
         if init.num_inputs() > 0 {
             if !s.shape.is_empty() {
-                return Err(
-                    init.err("Cannot set the shape argument and pass in an input at the same time")
+                bail!(
+                    op = init,
+                    BadArgument: "Cannot set the shape argument and pass in an input at the same \
+                     time"
                 );
             }
         } else {
             if !s.extra.is_empty() {
-                return Err(init.err("Cannot set extra_shape when there is no input"));
+                bail!(op = init, BadArgument: "Cannot set extra_shape when there is no input");
             }
             if s.input_as_shape {
-                return Err(init.err("An input must be given if input_as_shape is true"));
+                bail!(op = init, BadArgument: "An input must be given if input_as_shape is true");
             }
             if a.get("shape").is_some_and(|x| x.i.is_some()) {
-                return Err(init.err("Fill 'shape' argument was a scalar, list expected"));
+                bail!(op = init, BadArgument: "Fill 'shape' argument was a scalar, list expected");
             }
         }
         Ok(s)
     }
 
-    /// The output shape for this run.
+    /// The output shape for this run (an [`Error::OutOfMemory`](crate::error::Error) when no
+    /// tensor could hold it).
     pub fn resolve(&self, ctx: &OpContext<'_>) -> Result<Vec<usize>> {
-        if ctx.num_inputs() == 0 {
-            return Ok(self.shape.clone());
-        }
+        let dims = if ctx.num_inputs() == 0 {
+            self.shape.clone()
+        } else {
+            self.read_input(ctx)?
+        };
+        // The shape is the user's; one that no tensor could hold is refused here rather than
+        // where the tensor is allocated.
+        checked_numel(&dims, 8, "the output")?;
+        Ok(dims)
+    }
+
+    /// The shape given by input 0 (its values, or its dims), then `extra_shape`.
+    fn read_input(&self, ctx: &OpContext<'_>) -> Result<Vec<usize>> {
         let input = ctx.input(0)?;
         let mut dims = if self.input_as_shape {
             if input.ndim() != 1 {
-                return Err(ctx.err(
-                    "When input_as_shape is true, the input must be a 1D tensor of data type int64_t",
-                ));
+                bail!(
+                    op = ctx,
+                    ShapeMismatch: "When input_as_shape is true, the input must be a 1D tensor of \
+                     data type int64_t"
+                );
             }
             if input.numel() == 0 {
-                return Err(ctx.err("input.numel() > 0: the shape input is empty"));
+                bail!(op = ctx, ShapeMismatch: "input.numel() > 0: the shape input is empty");
             }
             let v = input.to_i64_vec().map_err(|_| {
-                ctx.err("When input_as_shape is true, the input must be a 1D tensor of data type int64_t")
+                err!(
+                    op = ctx,
+                    DtypeMismatch: "When input_as_shape is true, the input must be a 1D tensor of \
+                     data type int64_t"
+                )
             })?;
             v.into_iter()
                 .map(|d| {
-                    usize::try_from(d)
-                        .map_err(|_| ctx.err(format!("negative dimension {d} in the shape input")))
+                    usize::try_from(d).map_err(|_| {
+                        err!(
+                            op = ctx,
+                            BadArgument: "negative dimension {d} in the shape input"
+                        )
+                    })
                 })
                 .collect::<Result<Vec<_>>>()?
         } else {
@@ -172,7 +196,7 @@ fn create_constant(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         } else if v.is_some_and(|x| x.i.is_some()) {
             10
         } else {
-            return Err(init.err("Argument 'value' is of unexpected type"));
+            bail!(op = init, BadArgument: "Argument 'value' is of unexpected type");
         }
     } else {
         a.int("dtype", 1)?
@@ -180,9 +204,11 @@ fn create_constant(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let int = |lo: i64, hi: i64| -> Result<i64> {
         let v = a.int("value", 0)?;
         if v < lo || v > hi {
-            return Err(init.err(format!(
-                "Value{v} of argument value cannot be represented correctly in a target type"
-            )));
+            bail!(
+                op = init,
+                BadArgument: "Value{v} of argument value cannot be represented correctly in a \
+                 target type"
+            );
         }
         Ok(v)
     };
@@ -198,7 +224,7 @@ fn create_constant(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         8 => Constant::U16(int(0, u16::MAX as i64)? as u16),
         4 => Constant::Str(a.get("value").and_then(|x| x.s.clone()).unwrap_or_default()),
         other => {
-            return Err(init.err(format!("Unexpected 'dtype' argument value: {other}")));
+            bail!(op = init, BadArgument: "Unexpected 'dtype' argument value: {other}");
         }
     };
     Ok(Box::new(ConstantFill { shape, value }))
@@ -226,10 +252,12 @@ impl Operator for GivenFill {
         let dims = self.shape.resolve(ctx)?;
         let n: usize = dims.iter().product();
         if n != self.values.numel() {
-            return Err(ctx.err(format!(
-                "output size {n} (shape {dims:?}) does not match the {} given values",
+            bail!(
+                op = ctx,
+                ShapeMismatch: "output size {n} (shape {dims:?}) does not match the {} given \
+                 values",
                 self.values.numel()
-            )));
+            );
         }
         let out = ctx.output(0)?;
         out.copy_from(&self.values);
@@ -251,8 +279,8 @@ fn create_given(init: &OpInit<'_>, kind: GivenKind) -> Result<Box<dyn Operator>>
             2 => GivenKind::Int32,
             10 => GivenKind::Int64,
             4 => GivenKind::String,
-            0 => return Err(init.err("Cannot have undefined 'dtype' argument")),
-            other => return Err(init.err(format!("Unexpected 'dtype' argument value: {other}"))),
+            0 => bail!(op = init, BadArgument: "Cannot have undefined 'dtype' argument"),
+            other => bail!(op = init, BadArgument: "Unexpected 'dtype' argument value: {other}"),
         };
     }
     let floats = a.floats("values");
@@ -309,7 +337,7 @@ impl Operator for RandomFill {
             let read = |i: usize| -> Result<f64> {
                 let t = ctx.input(i)?;
                 if t.numel() != 1 {
-                    return Err(ctx.err(format!("{} must be a single value", ctx.input_name(i))));
+                    bail!(op = ctx, ShapeMismatch: "{} must be a single value", ctx.input_name(i));
                 }
                 t.get_f64(0)
             };
@@ -322,9 +350,7 @@ impl Operator for RandomFill {
         let rng = &mut self.rng;
         let out = ctx.output(0)?;
         if kind != RandomKind::Range && lo > hi && kind != RandomKind::Gaussian {
-            return Err(Error::Runtime(format!(
-                "max {hi} must be at least min {lo}"
-            )));
+            bail!(BadArgument: "max {hi} must be at least min {lo}");
         }
         match kind {
             RandomKind::UniformInt => {
@@ -417,20 +443,31 @@ fn create_random(init: &OpInit<'_>, kind: RandomKind) -> Result<Box<dyn Operator
     let (lo, hi) = match kind {
         RandomKind::Uniform => {
             if init.num_inputs() == 3 && (a.has("min") || a.has("max")) {
-                return Err(init.err("Cannot set both min/max arg and min/max input blobs"));
+                bail!(
+                    op = init,
+                    BadArgument: "Cannot set both min/max arg and min/max input blobs"
+                );
             }
             (a.float("min", 0.0)? as f64, a.float("max", 1.0)? as f64)
         }
         RandomKind::UniformInt => {
             if init.num_inputs() == 3 && (a.has("min") || a.has("max")) {
-                return Err(init.err("Cannot set both min/max arg and min/max input blobs"));
+                bail!(
+                    op = init,
+                    BadArgument: "Cannot set both min/max arg and min/max input blobs"
+                );
             }
             (a.int("min", 0)? as f64, a.int("max", 1)? as f64)
         }
         RandomKind::Gaussian => (a.float("mean", 0.0)? as f64, a.float("std", 1.0)? as f64),
         _ => (0.0, 0.0),
     };
-    let dtype = DataType::from_proto(a.int("dtype", 1)?).map_err(|e| init.err(e))?;
+    let dtype = DataType::from_proto(a.int("dtype", 1)?).map_err(|e| {
+        err!(
+            op = init,
+            BadArgument: e
+        )
+    })?;
     Ok(Box::new(RandomFill {
         shape,
         kind,
@@ -439,4 +476,28 @@ fn create_random(init: &OpInit<'_>, kind: RandomKind) -> Result<Box<dyn Operator
         b: hi,
         dtype,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::proto::{Argument, OperatorDef};
+    use crate::workspace::Workspace;
+
+    #[test]
+    fn a_shape_no_tensor_can_hold_is_refused_without_allocating() {
+        let ws = Workspace::new();
+        let mut op = OperatorDef::new("ConstantFill", Vec::<String>::new(), ["y"]);
+        let shape = |v: Vec<i64>| Argument {
+            name: Some("shape".into()),
+            ints: v,
+            ..Default::default()
+        };
+        op.arg.push(shape(vec![1 << 40, 1 << 40]));
+        let e = ws.run_operator_once(&op).unwrap_err().to_string();
+        let want = "the output of shape [1099511627776, 1099511627776] is too large to allocate";
+        assert!(e.contains(want), "{e}");
+        op.arg[0] = shape(vec![2, 3]);
+        ws.run_operator_once(&op).unwrap();
+        assert_eq!(ws.fetch("y").unwrap().dims(), &[2, 3]);
+    }
 }

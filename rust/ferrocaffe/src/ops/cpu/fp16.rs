@@ -12,7 +12,8 @@
 
 use half::f16;
 
-use crate::error::{Error, Result};
+use crate::bail;
+use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 use crate::tensor::Element;
@@ -48,16 +49,12 @@ pub fn register(r: &mut Registry) {
 /// Output 0 = f(input 0) elementwise, with a new element type (never in place).
 fn convert<A: Element, B: Element>(ctx: &mut OpContext<'_>, f: impl Fn(A) -> B) -> Result<()> {
     if ctx.is_inplace(0, 0) {
-        return Err(ctx.err("this op cannot run in place: input and output types differ"));
+        bail!(op = ctx, Schema: "this op cannot run in place: input and output types differ");
     }
     let (ins, mut outs) = ctx.split();
     let x = ins.tensor(0)?;
     if x.dtype() != A::DTYPE {
-        return Err(Error::Runtime(format!(
-            "input 0 holds {}, expected {}",
-            x.dtype(),
-            A::DTYPE
-        )));
+        bail!(DtypeMismatch: "input 0 holds {}, expected {}", x.dtype(), A::DTYPE);
     }
     let dims = x.dims().to_vec();
     let xs = x.as_slice::<A>()?;
@@ -113,12 +110,12 @@ fn create_momentum<T: Real>(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
 fn values<T: Real>(ctx: &OpContext<'_>, i: usize) -> Result<Vec<f32>> {
     let t = ctx.input(i)?;
     if t.dtype() != T::DTYPE {
-        return Err(Error::Runtime(format!(
-            "input {i} ('{}') holds {}, expected {}",
+        bail!(
+            DtypeMismatch: "input {i} ('{}') holds {}, expected {}",
             ctx.input_name(i),
             t.dtype(),
             T::DTYPE
-        )));
+        );
     }
     Ok(t.as_slice::<T>()?.iter().map(|v| v.get()).collect())
 }
@@ -131,23 +128,23 @@ fn momentum_update<T: Real>(
 ) -> Result<()> {
     let lr_t = ctx.input(2)?;
     if lr_t.numel() != 1 {
-        return Err(Error::Runtime(format!(
-            "input 2 ('{}') (the learning rate) must hold one value, got shape {:?}",
+        bail!(
+            ShapeMismatch: "input 2 ('{}') (the learning rate) must hold one value, got shape {:?}",
             ctx.input_name(2),
             lr_t.dims()
-        )));
+        );
     }
     let lr = lr_t.get_f64(0)? as f32;
     let g = values::<T>(ctx, 0)?;
     let m = values::<T>(ctx, 1)?;
     let p = values::<T>(ctx, 3)?;
     if g.len() != m.len() || g.len() != p.len() {
-        return Err(Error::Runtime(format!(
-            "grad ({} values), momentum ({}) and param ({}) must have the same size",
+        bail!(
+            ShapeMismatch: "grad ({} values), momentum ({}) and param ({}) must have the same size",
             g.len(),
             m.len(),
             p.len()
-        )));
+        );
     }
     let mut ng = Vec::with_capacity(g.len());
     let mut nm = Vec::with_capacity(g.len());

@@ -15,9 +15,10 @@
 //! `dgamma[c] = sum(dY * (X - mean) * rsig)`, `dbeta[c] = sum(dY)`.
 
 use super::conv_args::Order;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
+use crate::{bail, err};
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
@@ -29,9 +30,10 @@ fn read_order(init: &OpInit<'_>) -> Result<Order> {
     match init.args.string("order", "NCHW")?.as_str() {
         "NCHW" => Ok(Order::Nchw),
         "NHWC" => Ok(Order::Nhwc),
-        other => Err(init.err(format!(
-            "order should be either \"NCHW\" or \"NHWC\", got \"{other}\""
-        ))),
+        other => Err(err!(
+            op = init,
+            BadArgument: "order should be either \"NCHW\" or \"NHWC\", got \"{other}\""
+        )),
     }
 }
 
@@ -40,7 +42,7 @@ fn read_group(init: &OpInit<'_>) -> Result<usize> {
     usize::try_from(g)
         .ok()
         .filter(|&g| g > 0)
-        .ok_or_else(|| init.err(format!("group must be positive, got {g}")))
+        .ok_or_else(|| err!(op = init, BadArgument: "group must be positive, got {g}"))
 }
 
 /// The layout of one GroupNorm input.
@@ -56,9 +58,7 @@ struct Layout {
 impl Layout {
     fn new(dims: &[usize], g: usize, order: Order) -> Result<Layout> {
         if dims.len() < 2 {
-            return Err(Error::Runtime(format!(
-                "GroupNorm needs an input of at least 2 dimensions, got {dims:?}"
-            )));
+            bail!(ShapeMismatch: "GroupNorm needs an input of at least 2 dimensions, got {dims:?}");
         }
         let n = dims[0];
         let c = match order {
@@ -66,9 +66,7 @@ impl Layout {
             Order::Nhwc => dims[dims.len() - 1],
         };
         if c % g != 0 {
-            return Err(Error::Runtime(format!(
-                "the number of channels {c} must be a multiple of group {g}"
-            )));
+            bail!(ShapeMismatch: "the number of channels {c} must be a multiple of group {g}");
         }
         let hxw = dims
             .iter()
@@ -104,12 +102,14 @@ fn check_channels(ctx: &OpContext<'_>, l: &Layout, inputs: &[usize]) -> Result<(
     for &i in inputs {
         let t = ctx.input(i)?;
         if t.numel() != l.c {
-            return Err(ctx.err(format!(
-                "input {i} ('{}') must hold {} values (one per channel), got shape {:?}",
+            bail!(
+                op = ctx,
+                ShapeMismatch: "input {i} ('{}') must hold {} values (one per channel), got shape \
+                 {:?}",
                 ctx.input_name(i),
                 l.c,
                 t.dims()
-            )));
+            );
         }
     }
     Ok(())
@@ -121,10 +121,11 @@ fn create_forward(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let eps = init.args.float("epsilon", 1e-5)?;
     let is_test = init.args.bool("is_test", true)?;
     if !is_test && init.num_outputs() != 3 {
-        return Err(init.err(format!(
-            "GroupNorm with is_test=0 needs 3 outputs (Y, mean, rsig), got {}",
+        bail!(
+            op = init,
+            Schema: "GroupNorm with is_test=0 needs 3 outputs (Y, mean, rsig), got {}",
             init.num_outputs()
-        )));
+        );
     }
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         forward(ctx, group, order, eps)
@@ -197,20 +198,22 @@ fn backward(ctx: &mut OpContext<'_>, group: usize, order: Order) -> Result<()> {
     let rows = l.n * l.g;
     for i in [4, 5] {
         if ctx.input(i)?.numel() != rows {
-            return Err(ctx.err(format!(
-                "input {i} ('{}') must have shape [{}, {}], got {:?}",
+            bail!(
+                op = ctx,
+                ShapeMismatch: "input {i} ('{}') must have shape [{}, {}], got {:?}",
                 ctx.input_name(i),
                 l.n,
                 l.g,
                 ctx.input(i)?.dims()
-            )));
+            );
         }
     }
     if ctx.input(0)?.dims() != dims.as_slice() {
-        return Err(ctx.err(format!(
-            "dY {:?} must have the shape of X {dims:?}",
+        bail!(
+            op = ctx,
+            ShapeMismatch: "dY {:?} must have the shape of X {dims:?}",
             ctx.input(0)?.dims()
-        )));
+        );
     }
     let (dx, dgamma, dbeta) = {
         let dy = ctx.input(0)?.as_slice::<f32>()?;

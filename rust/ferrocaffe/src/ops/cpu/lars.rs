@@ -10,9 +10,10 @@
 //!   max(|effgrad|, 1e-12)))` when `normalized_lr_adaption` (the default), else
 //!   `lr' = lr - lr_alpha * x`. Argument `lr_alpha` (0.01).
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
+use crate::{bail, err};
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
@@ -28,11 +29,11 @@ fn one(ctx: &OpContext<'_>, i: usize) -> Result<f32> {
     let v = floats(ctx, i)?;
     match v {
         [x] => Ok(*x),
-        _ => Err(Error::Runtime(format!(
-            "input {i} ('{}') must hold one value, got {}",
+        _ => Err(err!(
+            ShapeMismatch: "input {i} ('{}') must hold one value, got {}",
             ctx.input_name(i),
             v.len()
-        ))),
+        )),
     }
 }
 
@@ -44,19 +45,21 @@ fn create_lars(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let offset = init.args.float("offset", 0.5)?;
     let lr_min = init.args.float("lr_min", 0.02)?;
     if offset < 0.0 || lr_min < 0.0 {
-        return Err(init.err(format!(
-            "offset ({offset}) and lr_min ({lr_min}) must not be negative"
-        )));
+        bail!(
+            op = init,
+            BadArgument: "offset ({offset}) and lr_min ({lr_min}) must not be negative"
+        );
     }
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let x = floats(ctx, 0)?;
         let dx = floats(ctx, 1)?;
         if x.len() != dx.len() {
-            return Err(ctx.err(format!(
-                "Gradient size doesn't match parameter size: {} vs {}",
+            bail!(
+                op = ctx,
+                ShapeMismatch: "Gradient size doesn't match parameter size: {} vs {}",
                 dx.len(),
                 x.len()
-            )));
+            );
         }
         let (wd, trust, lr_max) = (one(ctx, 2)?, one(ctx, 3)?, one(ctx, 4)?);
         let x_norm = norm(x);
@@ -79,11 +82,12 @@ fn create_adaption(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         let g = floats(ctx, 1)?;
         let e = floats(ctx, 2)?;
         if g.len() != e.len() {
-            return Err(ctx.err(format!(
-                "grad ({} values) and effgrad ({}) must have the same size",
+            bail!(
+                op = ctx,
+                ShapeMismatch: "grad ({} values) and effgrad ({}) must have the same size",
                 g.len(),
                 e.len()
-            )));
+            );
         }
         const EPS: f32 = 1e-12;
         let dot: f32 = g.iter().zip(e).map(|(a, b)| a * b).sum();

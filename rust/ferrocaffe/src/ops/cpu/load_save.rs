@@ -8,11 +8,12 @@
 use std::collections::{HashMap, HashSet};
 
 use super::db;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 use crate::serialize::{self, load_record, BlobState, CHUNK_SEPARATOR};
 use crate::workspace::Blob;
+use crate::{bail, err};
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
@@ -20,10 +21,6 @@ pub fn register(r: &mut Registry) {
     r.cpu("Checkpoint", |i| Ok(Box::new(Save::new(i, true)?)));
     r.cpu("Load", |i| Ok(Box::new(Load::new(i)?)));
     r.cpu("DBExists", create_db_exists);
-}
-
-fn rt(msg: impl std::fmt::Display) -> Error {
-    Error::Runtime(msg.to_string())
 }
 
 fn full_path(ctx: &OpContext<'_>, absolute: bool, name: &str) -> String {
@@ -71,27 +68,31 @@ impl Save {
         let overrides = a.strings("blob_name_overrides")?;
         let db_type = a.string("db_type", "")?;
         if db_type.is_empty() {
-            return Err(init.err("Must specify a db type."));
+            bail!(op = init, BadArgument: "Must specify a db type.");
         }
         let inputs = &init.def.input;
         if !overrides.is_empty() && overrides.len() != inputs.len() {
-            return Err(init.err("Number of blobs and blob_name_overrides mismatch."));
+            bail!(op = init, BadArgument: "Number of blobs and blob_name_overrides mismatch.");
         }
         if !overrides.is_empty() && !strip_prefix.is_empty() {
-            return Err(init.err("strip_prefix and blob_name_overrides are mutually exclusive."));
+            bail!(
+                op = init,
+                BadArgument: "strip_prefix and blob_name_overrides are mutually exclusive."
+            );
         }
         let db = a.string("db", "")?;
         if db.is_empty() {
-            return Err(init.err(if checkpoint {
+            let msg = if checkpoint {
                 "Must specify a checkpoint file pattern."
             } else {
                 "Must specify a db name."
-            }));
+            };
+            bail!(op = init, BadArgument: msg);
         }
         let mut seen = HashSet::new();
         for n in inputs {
             if !seen.insert(n) {
-                return Err(init.err(format!("Duplicated feature: {n}")));
+                bail!(op = init, BadArgument: "Duplicated feature: {n}");
             }
         }
         let names = if overrides.is_empty() {
@@ -102,7 +103,7 @@ impl Save {
         let every = if checkpoint {
             let e = a.int("every", 1)?;
             if e <= 0 {
-                return Err(init.err("Checkpoint interval should be positive."));
+                bail!(op = init, BadArgument: "Checkpoint interval should be positive.");
             }
             Some(e)
         } else {
@@ -126,13 +127,14 @@ impl Operator for Save {
             let it = {
                 let t = ctx.input(0)?;
                 let v = t.as_slice::<i64>().map_err(|_| {
-                    rt(format!(
-                        "Tensor type mismatch, caller expects elements to be long int, while tensor contains {}.",
+                    err!(
+                        DtypeMismatch: "Tensor type mismatch, caller expects elements to be long \
+                         int, while tensor contains {}.",
                         t.dtype()
-                    ))
+                    )
                 })?;
                 *v.first()
-                    .ok_or_else(|| rt("the iteration input is empty"))?
+                    .ok_or_else(|| err!(ShapeMismatch: "the iteration input is empty"))?
             };
             if it % every != 0 {
                 return Ok(());
@@ -183,14 +185,14 @@ impl Load {
         let mut dbs = a.strings("dbs")?;
         if dbs.is_empty() {
             if db.is_empty() {
-                return Err(init.err("Must specify a db name."));
+                bail!(op = init, BadArgument: "Must specify a db name.");
             }
             dbs.push(db);
         }
         let mut seen = HashSet::new();
         for d in &dbs {
             if !seen.insert(d) {
-                return Err(init.err(format!("Duplicated db name: {d}")));
+                bail!(op = init, BadArgument: "Duplicated db name: {d}");
             }
         }
         let load_all = a.bool("load_all", false)?;
@@ -199,13 +201,19 @@ impl Load {
         let outputs = &init.def.output;
         if !sources.is_empty() {
             if load_all {
-                return Err(init.err("cannot load_all_ while using source_blob_names"));
+                bail!(op = init, BadArgument: "cannot load_all_ while using source_blob_names");
             }
             if !strip_prefix.is_empty() {
-                return Err(init.err("strip_prefix and source_blob_names are mutually exclusive"));
+                bail!(
+                    op = init,
+                    BadArgument: "strip_prefix and source_blob_names are mutually exclusive"
+                );
             }
             if sources.len() != outputs.len() {
-                return Err(init.err("Number of output blobs and source_blob_names mismatch."));
+                bail!(
+                    op = init,
+                    BadArgument: "Number of output blobs and source_blob_names mismatch."
+                );
             }
         }
         let names = if sources.is_empty() {
@@ -217,7 +225,7 @@ impl Load {
         if !load_all {
             for (i, n) in names.iter().enumerate() {
                 if wanted.insert(n.clone(), i).is_some() {
-                    return Err(init.err(format!("Duplicated source blob name: {n}")));
+                    bail!(op = init, BadArgument: "Duplicated source blob name: {n}");
                 }
             }
         }
@@ -253,12 +261,13 @@ impl Operator for Load {
                 let key = self.blob_name(&key);
                 if let Some(&other) = key_db.get(&key) {
                     if other != db_id {
-                        return Err(rt(format!("Duplicate Key {key} is found!")));
+                        bail!(Runtime: "Duplicate Key {key} is found!");
                     }
                 }
                 key_db.insert(key.clone(), db_id);
                 if self.load_all {
-                    let bp = crate::wire::blob(&value).ok_or_else(|| rt("Couldn't parse Proto"))?;
+                    let bp = crate::wire::blob(&value)
+                        .ok_or_else(|| err!(Runtime: "Couldn't parse Proto"))?;
                     let h = ctx.ws.create_blob(&key);
                     let mut b = h.write();
                     if load_record(&mut b, &bp, &key, &mut states)? {
@@ -270,7 +279,7 @@ impl Operator for Load {
                     continue;
                 };
                 let bp = crate::wire::blob(&value)
-                    .ok_or_else(|| rt("proto.ParseFromString(cursor->value())"))?;
+                    .ok_or_else(|| err!(Runtime: "proto.ParseFromString(cursor->value())"))?;
                 let h = ctx.output_handle(j).clone();
                 let mut b = h.write();
                 if load_record(&mut b, &bp, &key, &mut states)? {
@@ -283,10 +292,11 @@ impl Operator for Load {
         }
         for (k, st) in &states {
             if st.current != st.total {
-                return Err(rt(format!(
-                    "Data size mismatch for blob {k}. Expected: {} Read: {}",
-                    st.total, st.current
-                )));
+                bail!(
+                    ShapeMismatch: "Data size mismatch for blob {k}. Expected: {} Read: {}",
+                    st.total,
+                    st.current
+                );
             }
         }
         if self.load_all || loaded == n_out {
@@ -304,9 +314,7 @@ impl Operator for Load {
             }
             return Ok(());
         }
-        Err(rt(format!(
-            "Expected to load {n_out} blobs, got {loaded} only."
-        )))
+        Err(err!(MissingBlob: "Expected to load {n_out} blobs, got {loaded} only."))
     }
 
     fn locks_blobs(&self) -> bool {
@@ -317,7 +325,7 @@ impl Operator for Load {
 fn create_db_exists(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let name = init.args.string("db_name", "")?;
     if name.is_empty() {
-        return Err(init.err("Must specify a db name."));
+        bail!(op = init, BadArgument: "Must specify a db name.");
     }
     let absolute = init.args.bool("absolute_path", false)?;
     Ok(Box::new(crate::ops::operator::FnOp(

@@ -9,6 +9,7 @@ use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 use crate::tensor::Element;
+use crate::{bail, err};
 
 /// Registers the math family.
 pub fn register(r: &mut Registry) {
@@ -163,20 +164,28 @@ impl BroadcastArgs {
         if legacy {
             if axis != -1 {
                 if !axis_str.is_empty() {
-                    return Err(init.err("Args axis and axis_str cannot be used simultaneously."));
+                    bail!(
+                        op = init,
+                        BadArgument: "Args axis and axis_str cannot be used simultaneously."
+                    );
                 }
             } else if !axis_str.is_empty() {
                 if axis_str.len() != 1 {
-                    return Err(init.err(format!("Unsupported axis string {axis_str}")));
+                    bail!(op = init, BadArgument: "Unsupported axis string {axis_str}");
                 }
                 axis = order.find(&axis_str).ok_or_else(|| {
-                    init.err(format!(
-                        "Unrecognizable axis string {axis_str} from order string {order}"
-                    ))
+                    err!(
+                        op = init,
+                        BadArgument: "Unrecognizable axis string {axis_str} from order string \
+                         {order}"
+                    )
                 })? as i64;
             }
         } else if axis != -1 || !axis_str.is_empty() {
-            return Err(init.err("Do not specify axis or axis_str if broadcast is not enabled."));
+            bail!(
+                op = init,
+                BadArgument: "Do not specify axis or axis_str if broadcast is not enabled."
+            );
         }
         Ok(BroadcastArgs { legacy, axis })
     }
@@ -206,8 +215,9 @@ impl BroadcastArgs {
         let a = ctx.input(0)?.dims().to_vec();
         let b = ctx.input(1)?.dims().to_vec();
         if self.legacy && ctx.num_outputs() > 0 && ctx.is_inplace(1, 0) {
-            return Err(
-                ctx.err("In-place is allowed only with the first tensor when legacy-broadcasting")
+            bail!(
+                op = ctx,
+                Schema: "In-place is allowed only with the first tensor when legacy-broadcasting"
             );
         }
         let (la, lb, c) = binary_shapes(&a, &b, self.legacy, self.axis)?;
@@ -217,14 +227,10 @@ impl BroadcastArgs {
             return Ok((la, lb, lc, c));
         }
         if ctx.is_inplace(0, 0) && c != a {
-            return Err(ctx.err(format!(
-                "C_dims {c:?} must equal A_dims {a:?} to run in place"
-            )));
+            bail!(op = ctx, ShapeMismatch: "C_dims {c:?} must equal A_dims {a:?} to run in place");
         }
         if ctx.is_inplace(1, 0) && c != b {
-            return Err(ctx.err(format!(
-                "C_dims {c:?} must equal B_dims {b:?} to run in place"
-            )));
+            bail!(op = ctx, ShapeMismatch: "C_dims {c:?} must equal B_dims {b:?} to run in place");
         }
         Ok((la, lb, c.clone(), c))
     }
@@ -271,14 +277,17 @@ fn create_sum_elements(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Oper
         if gradient {
             let g = ctx.input(1)?;
             if g.numel() != 1 {
-                return Err(ctx.err("SumElementsGradient expects a scalar output gradient"));
+                bail!(
+                    op = ctx,
+                    ShapeMismatch: "SumElementsGradient expects a scalar output gradient"
+                );
             }
             let mut v = g.get_f64(0)? as f32;
             if average && n > 0 {
                 v /= n as f32;
             }
             if dt != crate::tensor::DataType::Float {
-                return Err(ctx.err(format!("SumElementsGradient supports float, got {dt}")));
+                bail!(op = ctx, DtypeMismatch: "SumElementsGradient supports float, got {dt}");
             }
             ctx.output(0)?.ensure::<f32>(&dims).fill(v);
             return Ok(());
@@ -300,9 +309,7 @@ fn grad_same_shape(ctx: &mut OpContext<'_>, f: impl Fn(f32, f32) -> f32) -> Resu
     let (yd, _) = input_meta(ctx, 0)?;
     let (gd, _) = input_meta(ctx, 1)?;
     if yd != gd {
-        return Err(ctx.err(format!(
-            "Y ({yd:?}) and dY ({gd:?}) must have the same shape"
-        )));
+        bail!(op = ctx, ShapeMismatch: "Y ({yd:?}) and dY ({gd:?}) must have the same shape");
     }
     binary::<f32, f32, f32>(ctx, &yd, &gd, &yd, &yd, f)
 }

@@ -5,6 +5,7 @@
 use super::broadcast::for_each_index;
 use super::elementwise::{binary, input_meta};
 use super::math::BroadcastArgs;
+use crate::bail;
 use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
@@ -20,7 +21,7 @@ pub fn register(r: &mut Registry) {
             let (xd, _) = input_meta(ctx, 0)?;
             let (gd, _) = input_meta(ctx, 1)?;
             if xd != gd {
-                return Err(ctx.err(format!("X {xd:?} and dY {gd:?} must have the same shape")));
+                bail!(op = ctx, ShapeMismatch: "X {xd:?} and dY {gd:?} must have the same shape");
             }
             binary::<f32, f32, f32>(ctx, &xd, &gd, &xd, &xd, |x, g| {
                 if x > 0.0 {
@@ -63,7 +64,7 @@ fn create(init: &OpInit<'_>, kind: Kind) -> Result<Box<dyn Operator>> {
 
 fn run(ctx: &mut OpContext<'_>, bc: BroadcastArgs, kind: Kind) -> Result<()> {
     if (0..ctx.num_inputs()).any(|i| (0..ctx.num_outputs()).any(|j| ctx.is_inplace(i, j))) {
-        return Err(ctx.err("arithmetic gradient ops cannot run in place"));
+        bail!(op = ctx, Schema: "arithmetic gradient ops cannot run in place");
     }
     let a_dims = ctx.input(1)?.dims().to_vec();
     let b_dims = ctx.input(2)?.dims().to_vec();
@@ -71,10 +72,7 @@ fn run(ctx: &mut OpContext<'_>, bc: BroadcastArgs, kind: Kind) -> Result<()> {
     let (ins, mut outs) = ctx.split();
     let dc = ins.tensor(0)?;
     if dc.dims() != c_dims.as_slice() {
-        return Err(crate::error::Error::Runtime(format!(
-            "dC has shape {:?}, the forward output had {c_dims:?}",
-            dc.dims()
-        )));
+        bail!(ShapeMismatch: "dC has shape {:?}, the forward output had {c_dims:?}", dc.dims());
     }
     let dc = dc.as_slice::<f32>()?;
     let a = ins.tensor(1)?.as_slice::<f32>()?;
@@ -101,9 +99,7 @@ fn run(ctx: &mut OpContext<'_>, bc: BroadcastArgs, kind: Kind) -> Result<()> {
         Kind::Div => {
             let c = c.unwrap_or(&[]);
             if c.len() != dc.len() {
-                return Err(crate::error::Error::Runtime(
-                    "DivGradient: C must have the shape of dC".into(),
-                ));
+                bail!(ShapeMismatch: "DivGradient: C must have the shape of dC");
             }
             for_each_index(&la, &lb, &lc, |i, ia, ib| {
                 da[ia] += dc[i] / b[ib];

@@ -5,7 +5,8 @@
 
 use super::broadcast::{broadcast_dims, for_each_index};
 use super::fc::sgemm;
-use crate::error::{Error, Result};
+use crate::bail;
+use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 
@@ -18,9 +19,7 @@ pub fn register(r: &mut Registry) {
 fn canonical(axis: i64, nd: usize) -> Result<usize> {
     let a = if axis < 0 { axis + nd as i64 } else { axis };
     if a < 0 || a > nd as i64 {
-        return Err(Error::Runtime(format!(
-            "axis {axis} out of range for {nd} dimensions"
-        )));
+        bail!(BadArgument: "axis {axis} out of range for {nd} dimensions");
     }
     Ok(a as usize)
 }
@@ -48,11 +47,12 @@ fn create_matmul(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
             (b_rows, b_cols)
         };
         if k != k2 {
-            return Err(Error::Runtime(format!(
-                "Matrix dimension mismatch: A {:?} gives K = {k}, B {:?} gives K = {k2}",
+            bail!(
+                ShapeMismatch: "Matrix dimension mismatch: A {:?} gives K = {k}, B {:?} gives K = \
+                 {k2}",
                 a.dims(),
                 b.dims()
-            )));
+            );
         }
         let (av, bv) = (a.as_slice::<f32>()?, b.as_slice::<f32>()?);
         // A third input (as gradient ops pass) gives the output its shape.
@@ -92,14 +92,16 @@ fn create_batch(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         let (mut ad, mut bd) = (a.dims().to_vec(), b.dims().to_vec());
         if !broadcast {
             if ad.len() != bd.len() || ad.len() < 2 {
-                return Err(Error::Runtime(format!(
-                    "BatchMatMul without broadcast needs A and B of one rank >= 2, got {ad:?} and {bd:?}"
-                )));
+                bail!(
+                    ShapeMismatch: "BatchMatMul without broadcast needs A and B of one rank >= 2, \
+                     got {ad:?} and {bd:?}"
+                );
             }
             if ad[..ad.len() - 2] != bd[..bd.len() - 2] {
-                return Err(Error::Runtime(format!(
-                    "BatchMatMul batch dimensions differ: {ad:?} vs {bd:?} (set broadcast=1?)"
-                )));
+                bail!(
+                    ShapeMismatch: "BatchMatMul batch dimensions differ: {ad:?} vs {bd:?} (set \
+                     broadcast=1?)"
+                );
             }
         }
         let (a1, b1) = (ad.len() == 1, bd.len() == 1);
@@ -110,18 +112,18 @@ fn create_batch(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
             bd.push(1);
         }
         if ad.len() < 2 || bd.len() < 2 {
-            return Err(Error::Runtime("BatchMatMul inputs must not be 0-d".into()));
+            bail!(ShapeMismatch: "BatchMatMul inputs must not be 0-d");
         }
         let (ra, ca) = (ad[ad.len() - 2], ad[ad.len() - 1]);
         let (rb, cb) = (bd[bd.len() - 2], bd[bd.len() - 1]);
         let (m, k) = if trans_a && !a1 { (ca, ra) } else { (ra, ca) };
         let (k2, n) = if trans_b && !b1 { (cb, rb) } else { (rb, cb) };
         if k != k2 {
-            return Err(Error::Runtime(format!(
-                "BatchMatMul: A {:?} and B {:?} disagree on K ({k} vs {k2})",
+            bail!(
+                ShapeMismatch: "BatchMatMul: A {:?} and B {:?} disagree on K ({k} vs {k2})",
                 a.dims(),
                 b.dims()
-            )));
+            );
         }
         let batch_a = &ad[..ad.len() - 2];
         let batch_b = &bd[..bd.len() - 2];

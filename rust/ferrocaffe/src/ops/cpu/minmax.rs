@@ -2,6 +2,7 @@
 //! result gets the output gradient).
 
 use super::elementwise::{input_meta, nary_same_shape};
+use crate::bail;
 use crate::dispatch;
 use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext};
@@ -34,25 +35,20 @@ pub fn register(r: &mut Registry) {
 fn select_grad(ctx: &mut OpContext<'_>) -> Result<()> {
     let n = ctx.num_inputs().saturating_sub(2);
     if ctx.num_outputs() != n {
-        return Err(ctx.err(format!("expected {n} outputs, got {}", ctx.num_outputs())));
+        bail!(op = ctx, Schema: "expected {n} outputs, got {}", ctx.num_outputs());
     }
     let (ins, mut outs) = ctx.split();
     let y = ins.tensor(0)?;
     let dy = ins.tensor(1)?.as_slice::<f32>()?;
     let ys = y.as_slice::<f32>()?;
     if dy.len() != ys.len() {
-        return Err(crate::error::Error::Runtime(
-            "Y and dY must have the same size".into(),
-        ));
+        bail!(ShapeMismatch: "Y and dY must have the same size");
     }
     for i in 0..n {
         let x = ins.tensor(i + 2)?;
         let xs = x.as_slice::<f32>()?;
         if xs.len() != ys.len() {
-            return Err(crate::error::Error::Runtime(format!(
-                "input {} must have the shape of Y",
-                i + 2
-            )));
+            bail!(ShapeMismatch: "input {} must have the shape of Y", i + 2);
         }
         let dims = x.dims().to_vec();
         let dx = outs.tensor(i)?.ensure::<f32>(&dims);

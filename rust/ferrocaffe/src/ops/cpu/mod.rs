@@ -10,9 +10,9 @@
 //! 2. A factory (`fn(&OpInit) -> Result<Box<dyn Operator>>`) runs once per net: read and check
 //!    the arguments there (`init.args.int("axis", 1)?`, `.float`, `.bool`, `.string`,
 //!    `.sizes("shape")?`, `.ints`, `.floats`, `.strings`, `.net`), and fail with
-//!    `init.err("...")`, which names the op. The schema in `crate::schema` (input/output counts,
-//!    in-place rules) is checked before the factory runs; add a `schema/table.rs` entry for a
-//!    type that has none.
+//!    `bail!(op = init, BadArgument: "...")`, which names the op (see step 6 for the kinds).
+//!    The schema in `crate::schema` (input/output counts, in-place rules) is checked before
+//!    the factory runs; add a `schema/table.rs` entry for a type that has none.
 //! 3. The operator's `run(&mut self, ctx: &mut OpContext)` runs many times with its blobs
 //!    locked. Read with `ctx.input(i)?` (`&Tensor`: `.dims()`, `.dtype()`,
 //!    `.as_slice::<f32>()?`), write with `ctx.output(j)?` (`&mut Tensor`:
@@ -21,11 +21,19 @@
 //!    allows in-place use `ctx.is_inplace(i, j)`: an input that is also an output is read
 //!    through the output (see `elementwise::{unary, binary, nary_same_shape}`, which handle it).
 //!    `dispatch!(dtype, [Float => f32, Int64 => i64], |T| ...)` picks the element type.
-//!    Fail with `Err(ctx.err("..."))`; the net appends the op's type, name and blobs. A panic is
-//!    caught and reported the same way, but user input must never cause one.
+//!    Fail with `bail!(ShapeMismatch: "...")` (or `ensure!(cond, Kind: "...")`); the net
+//!    appends the op's type, name and blobs. A panic is caught and reported as an internal
+//!    error, but user input must never cause one.
 //! 4. Random ops seed `rng::Rng::from_option(init.random_seed())` in the factory.
 //! 5. Test: unit tests next to the kernel, and `tests/test_ops_forward_golden.py` picks up every
 //!    golden `ops/` case whose type now has a kernel.
+//! 6. Errors name their kind (`crate::error`): `ShapeMismatch` (sizes or ranks that do not fit),
+//!    `DtypeMismatch` (an element or blob type the op cannot take), `BadArgument` (an argument,
+//!    or an input used as one, with an unusable value: an unknown mode, an index out of range),
+//!    `Schema` (inputs or outputs that do not pair up, a forbidden in-place use),
+//!    `NotImplemented`, `MissingBlob`, `Device`, `OutOfMemory` (a user-sized buffer that cannot
+//!    be allocated), and `Runtime` for the rest (a failed read or write of a file). Keep
+//!    Caffe2's wording: golden tests compare the messages.
 //!
 //! ```
 //! use ferrocaffe::ops::operator::{FnOp, OpContext, OpInit, Operator};

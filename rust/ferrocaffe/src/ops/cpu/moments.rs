@@ -7,6 +7,7 @@
 //! values reduced into each output, mean and the gradients broadcast back over the axes.
 //! Float only.
 
+use crate::bail;
 use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
@@ -36,9 +37,10 @@ fn reduced(ctx: &OpContext<'_>, dims: &[usize], axes: &[i64]) -> Result<Vec<bool
     for &a in axes {
         let c = if a < 0 { a + nd } else { a };
         if c < 0 || c >= nd {
-            return Err(ctx.err(format!(
-                "axis {a} is out of range for an input of {nd} dimensions"
-            )));
+            bail!(
+                op = ctx,
+                BadArgument: "axis {a} is out of range for an input of {nd} dimensions"
+            );
         }
         mask[c as usize] = true;
     }
@@ -132,11 +134,13 @@ fn backward(ctx: &mut OpContext<'_>, axes: &[i64]) -> Result<()> {
         .product();
     for i in [0, 1, 3] {
         if ctx.input(i)?.numel() != m {
-            return Err(ctx.err(format!(
-                "input {i} ('{}') has shape {:?}, expected {m} values (X {dims:?} reduced)",
+            bail!(
+                op = ctx,
+                ShapeMismatch: "input {i} ('{}') has shape {:?}, expected {m} values (X {dims:?} \
+                 reduced)",
                 ctx.input_name(i),
                 ctx.input(i)?.dims()
-            )));
+            );
         }
     }
     let n: usize = dims.iter().product();

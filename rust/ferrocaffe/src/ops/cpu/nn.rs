@@ -2,10 +2,11 @@
 //! AveragedLoss, Accuracy, Dropout, and their gradient ops.
 
 use super::rng::Rng;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 use crate::tensor::Tensor;
+use crate::{bail, err};
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
@@ -49,18 +50,12 @@ pub fn register(r: &mut Registry) {
 
 const LOG_THRESHOLD: f32 = 1e-20;
 
-fn rt(msg: impl std::fmt::Display) -> Error {
-    Error::Runtime(msg.to_string())
-}
-
 /// (N, D) of `t` flattened at `axis`.
 fn flat2(t: &Tensor, axis: i64) -> Result<(usize, usize)> {
     let nd = t.ndim() as i64;
     let a = if axis < 0 { axis + nd } else { axis };
     if a < 0 || a >= nd.max(1) {
-        return Err(rt(format!(
-            "axis_index < ndims: axis {axis} for a tensor of {nd} dimensions"
-        )));
+        bail!(BadArgument: "axis_index < ndims: axis {axis} for a tensor of {nd} dimensions");
     }
     Ok((t.size_to_dim(a as usize), t.size_from_dim(a as usize)))
 }
@@ -104,7 +99,7 @@ fn softmax_grad(ctx: &mut OpContext<'_>, axis: i64) -> Result<()> {
     let y = ins.tensor(0)?;
     let dy = ins.tensor(1)?;
     if y.dims() != dy.dims() {
-        return Err(rt("Y and dY must have the same shape"));
+        bail!(ShapeMismatch: "Y and dY must have the same shape");
     }
     let (_, d) = flat2(y, axis)?;
     let dims = y.dims().to_vec();
@@ -126,17 +121,15 @@ fn softmax_grad(ctx: &mut OpContext<'_>, axis: i64) -> Result<()> {
 fn labels(t: &Tensor, n: usize, d: usize) -> Result<Vec<usize>> {
     let v = t.to_i64_vec()?;
     if v.len() != n {
-        return Err(rt(format!(
-            "label has {} values, expected N = {n}",
-            v.len()
-        )));
+        bail!(ShapeMismatch: "label has {} values, expected N = {n}", v.len());
     }
     v.into_iter()
         .map(|l| {
             usize::try_from(l).ok().filter(|&u| u < d).ok_or_else(|| {
-                rt(format!(
-                    "Label seems to be outside of supported range. Supported labels are in range [0,{d}), got {l}"
-                ))
+                err!(
+                    BadArgument: "Label seems to be outside of supported range. Supported labels \
+                     are in range [0,{d}), got {l}"
+                )
             })
         })
         .collect()
@@ -161,7 +154,7 @@ impl SoftmaxWithLoss {
         }
         let w = ins.tensor(2)?.as_slice::<f32>()?;
         if w.len() != n {
-            return Err(rt(format!("weights have {} values, expected {n}", w.len())));
+            bail!(ShapeMismatch: "weights have {} values, expected {n}", w.len());
         }
         Ok(w.to_vec())
     }
@@ -179,7 +172,7 @@ impl Operator for SoftmaxWithLoss {
         let probs_target: Option<Vec<f32>> = if self.label_prob {
             let l = lab.as_slice::<f32>()?;
             if l.len() != n * d {
-                return Err(rt("label_prob labels must have the shape of X"));
+                bail!(ShapeMismatch: "label_prob labels must have the shape of X");
             }
             Some(l.to_vec())
         } else {
@@ -195,7 +188,7 @@ impl Operator for SoftmaxWithLoss {
             let p_i = if has_w { 3 } else { 2 };
             let p = ins.tensor(p_i)?.as_slice::<f32>()?;
             if p.len() != n * d {
-                return Err(rt(format!("P has {} values, expected {}", p.len(), n * d)));
+                bail!(ShapeMismatch: "P has {} values, expected {}", p.len(), n * d);
             }
             let dl = ins.tensor(p_i + 1)?.get_f64(0)? as f32;
             let dims = x.dims().to_vec();
@@ -255,7 +248,7 @@ impl Operator for SoftmaxWithLoss {
 
 fn create_swl(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
     if init.args.bool("spatial", false)? {
-        return Err(init.err("SoftmaxWithLoss with spatial=1 is not supported"));
+        bail!(op = init, NotImplemented: "SoftmaxWithLoss with spatial=1 is not supported");
     }
     Ok(Box::new(SoftmaxWithLoss {
         scale: init.args.float("scale", 1.0)?,
@@ -294,7 +287,7 @@ fn label_xent_grad(ctx: &mut OpContext<'_>) -> Result<()> {
     let idx = labels(ins.tensor(1)?, n, d)?;
     let dy = ins.tensor(2)?.as_slice::<f32>()?;
     if dy.len() != n {
-        return Err(rt(format!("dY has {} values, expected {n}", dy.len())));
+        bail!(ShapeMismatch: "dY has {} values, expected {n}", dy.len());
     }
     let xs = x.as_slice::<f32>()?;
     let dims = x.dims().to_vec();
@@ -312,18 +305,14 @@ fn xent(ctx: &mut OpContext<'_>, gradient: bool) -> Result<()> {
     let x = ins.tensor(0)?;
     let lab = ins.tensor(1)?;
     if lab.dims() != x.dims() {
-        return Err(rt(format!(
-            "label {:?} must have the shape of X {:?}",
-            lab.dims(),
-            x.dims()
-        )));
+        bail!(ShapeMismatch: "label {:?} must have the shape of X {:?}", lab.dims(), x.dims());
     }
     let (n, d) = nd_of(x);
     let (xs, ls) = (x.as_slice::<f32>()?, lab.as_slice::<f32>()?);
     if gradient {
         let dy = ins.tensor(2)?.as_slice::<f32>()?;
         if dy.len() != n {
-            return Err(rt(format!("dY has {} values, expected {n}", dy.len())));
+            bail!(ShapeMismatch: "dY has {} values, expected {n}", dy.len());
         }
         let dims = x.dims().to_vec();
         let dx = outs.tensor(0)?.ensure::<f32>(&dims);
@@ -386,10 +375,7 @@ fn accuracy(ctx: &mut OpContext<'_>, top_k: usize) -> Result<()> {
     let (ins, mut outs) = ctx.split();
     let p = ins.tensor(0)?;
     if p.ndim() != 2 {
-        return Err(rt(format!(
-            "Accuracy expects 2-d predictions, got {:?}",
-            p.dims()
-        )));
+        bail!(ShapeMismatch: "Accuracy expects 2-d predictions, got {:?}", p.dims());
     }
     let (n, d) = (p.dims()[0], p.dims()[1]);
     let idx = labels(ins.tensor(1)?, n, d)?;
@@ -464,7 +450,7 @@ impl Operator for Dropout {
 fn create_dropout(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let ratio = init.args.float("ratio", 0.5)?;
     if !(0.0..1.0).contains(&ratio) && ratio != 1.0 {
-        return Err(init.err(format!("ratio must be in [0, 1], got {ratio}")));
+        bail!(op = init, BadArgument: "ratio must be in [0, 1], got {ratio}");
     }
     Ok(Box::new(Dropout {
         ratio,
@@ -487,7 +473,7 @@ fn create_dropout_grad(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         }
         let mask = ins.tensor(1)?.as_slice::<bool>()?;
         if mask.len() != g.len() {
-            return Err(rt("mask must have the shape of dY"));
+            bail!(ShapeMismatch: "mask must have the shape of dY");
         }
         let scale = if ratio < 1.0 {
             1.0 / (1.0 - ratio)

@@ -2,9 +2,10 @@
 //! and its gradient, LRN (cross-channel) and its gradient, InstanceNorm, LayerNorm and its
 //! gradient — NCHW or NHWC where it applies.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
+use crate::{bail, err};
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
@@ -29,14 +30,10 @@ pub fn register(r: &mut Registry) {
     r.cpu("LayerNormGradient", |i| create_layer_norm(i, true));
 }
 
-fn rt(msg: impl std::fmt::Display) -> Error {
-    Error::Runtime(msg.to_string())
-}
-
 /// (n, c, inner) and whether channels are last.
 fn layout(dims: &[usize], nhwc: bool) -> Result<(usize, usize, usize)> {
     if dims.len() < 2 {
-        return Err(rt(format!("expected at least 2 dimensions, got {dims:?}")));
+        bail!(ShapeMismatch: "expected at least 2 dimensions, got {dims:?}");
     }
     let n = dims[0];
     let c = if nhwc { dims[dims.len() - 1] } else { dims[1] };
@@ -66,11 +63,11 @@ struct SpatialBn {
 fn channel_vec(ctx: &OpContext<'_>, i: usize, c: usize) -> Result<Vec<f32>> {
     let v = ctx.input(i)?.as_slice::<f32>()?;
     if v.len() != c {
-        return Err(rt(format!(
-            "input {i} ('{}') has {} values, expected C = {c}",
+        bail!(
+            ShapeMismatch: "input {i} ('{}') has {} values, expected C = {c}",
             ctx.input_name(i),
             v.len()
-        )));
+        );
     }
     Ok(v.to_vec())
 }
@@ -88,9 +85,7 @@ impl SpatialBn {
         } else if self.num_batches > 1 {
             // Sums over every batch (device) of the step, from ChannelStats.
             if ctx.num_inputs() < 7 {
-                return Err(rt(
-                    "SpatialBN with num_batches > 1 needs the sums and sumsq inputs",
-                ));
+                bail!(Schema: "SpatialBN with num_batches > 1 needs the sums and sumsq inputs");
             }
             let sums = channel_vec(ctx, 5, c)?;
             let sumsq = channel_vec(ctx, 6, c)?;
@@ -143,7 +138,7 @@ impl SpatialBn {
         }
         if !self.is_test {
             if ctx.num_outputs() < 5 {
-                return Err(rt("SpatialBN in training mode needs 5 outputs"));
+                bail!(Schema: "SpatialBN in training mode needs 5 outputs");
             }
             let mut rm = channel_vec(ctx, 3, c)?;
             let mut rv = channel_vec(ctx, 4, c)?;
@@ -176,13 +171,16 @@ impl SpatialBn {
         let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
         let g = ctx.input(2)?.as_slice::<f32>()?.to_vec();
         if g.len() != x.len() {
-            return Err(rt("dY must have the shape of X"));
+            bail!(ShapeMismatch: "dY must have the shape of X");
         }
         let m = (self.num_batches * n * inner) as f32;
         let (dscale, dbias) = if self.num_batches > 1 {
             // Gradients of scale and bias summed over every batch (ChannelBackpropStats).
             if ctx.num_inputs() < 7 {
-                return Err(rt("SpatialBNGradient with num_batches > 1 needs the scale and bias gradient inputs"));
+                bail!(
+                    Schema: "SpatialBNGradient with num_batches > 1 needs the scale and bias \
+                     gradient inputs"
+                );
             }
             (channel_vec(ctx, 5, c)?, channel_vec(ctx, 6, c)?)
         } else {
@@ -226,7 +224,7 @@ fn nhwc(init: &OpInit<'_>) -> Result<bool> {
     match init.args.string("order", "NCHW")?.as_str() {
         "NCHW" => Ok(false),
         "NHWC" => Ok(true),
-        other => Err(init.err(format!("Unknown storage order: {other}"))),
+        other => Err(err!(op = init, BadArgument: "Unknown storage order: {other}")),
     }
 }
 
@@ -309,11 +307,12 @@ impl Lrn {
         let (n, c, inner) = layout(&dims, self.nhwc)?;
         for i in 1..3 {
             if ctx.input(i)?.dims() != dims.as_slice() {
-                return Err(rt(format!(
-                    "input {i} ('{}') has shape {:?}, expected the shape of X {dims:?}",
+                bail!(
+                    ShapeMismatch: "input {i} ('{}') has shape {:?}, expected the shape of X \
+                     {dims:?}",
                     ctx.input_name(i),
                     ctx.input(i)?.dims()
-                )));
+                );
             }
         }
         let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
@@ -353,7 +352,7 @@ impl Operator for LrnOp {
 fn create_lrn(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
     let size = init.args.usize("size", 0)?;
     if size == 0 || size % 2 == 0 {
-        return Err(init.err(format!("LRN size must be odd and positive, got {size}")));
+        bail!(op = init, BadArgument: "LRN size must be odd and positive, got {size}");
     }
     Ok(Box::new(LrnOp {
         lrn: Lrn {
@@ -440,7 +439,7 @@ impl LayerNorm {
             self.axis
         };
         if a < 0 || a > nd {
-            return Err(rt(format!("axis {} out of range for {dims:?}", self.axis)));
+            bail!(BadArgument: "axis {} out of range for {dims:?}", self.axis);
         }
         let a = a as usize;
         let rows: usize = dims[..a].iter().product();
@@ -466,7 +465,7 @@ impl LayerNorm {
             ctx.input(first + 1)?.as_slice::<f32>()?.to_vec()
         };
         if g.len() != cols || b.len() != cols {
-            return Err(rt(format!("gamma and beta must hold {cols} values")));
+            bail!(ShapeMismatch: "gamma and beta must hold {cols} values");
         }
         Ok(Some((g, b)))
     }
@@ -516,7 +515,7 @@ impl LayerNorm {
         let mean = ctx.input(2)?.as_slice::<f32>()?.to_vec();
         let std = ctx.input(3)?.as_slice::<f32>()?.to_vec();
         if g.len() != x.len() || mean.len() != rows || std.len() != rows {
-            return Err(rt("LayerNormGradient: inputs disagree on shapes"));
+            bail!(ShapeMismatch: "LayerNormGradient: inputs disagree on shapes");
         }
         let mut dx = vec![0f32; x.len()];
         let mut dgamma = vec![0f32; cols];
@@ -632,7 +631,7 @@ fn channel_backprop_stats(ctx: &mut OpContext<'_>, nhwc: bool) -> Result<()> {
     let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
     let g = ctx.input(3)?.as_slice::<f32>()?.to_vec();
     if g.len() != x.len() {
-        return Err(rt("dY must have the shape of X"));
+        bail!(ShapeMismatch: "dY must have the shape of X");
     }
     let (ds, db) = backprop_stats(&x, &g, &mean, &inv, n, c, inner, nhwc);
     ctx.output(0)?.ensure::<f32>(&[c]).copy_from_slice(&ds);

@@ -4,9 +4,10 @@
 //! State inputs are updated in place (the schemas enforce or allow it); when an output is not
 //! its input's blob, the input is copied into it first and updated there.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
+use crate::{bail, err};
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
@@ -25,12 +26,8 @@ pub fn register(r: &mut Registry) {
     r.cpu("Adam", create_adam);
 }
 
-fn rt(msg: impl std::fmt::Display) -> Error {
-    Error::Runtime(msg.to_string())
-}
-
 /// Makes output `j` hold input `i`'s values (nothing to do when they are one blob).
-fn state_to_output(ctx: &mut OpContext<'_>, i: usize, j: usize) -> Result<()> {
+pub(super) fn state_to_output(ctx: &mut OpContext<'_>, i: usize, j: usize) -> Result<()> {
     if ctx.is_inplace(i, j) {
         return Ok(());
     }
@@ -45,14 +42,15 @@ fn read_input(ctx: &OpContext<'_>, i: usize) -> Result<Vec<f32>> {
     Ok(ctx.input(i)?.as_slice::<f32>()?.to_vec())
 }
 
-fn scalar(ctx: &OpContext<'_>, i: usize) -> Result<f32> {
+/// The single value of input `i` (a learning rate, a decay...).
+pub(super) fn scalar(ctx: &OpContext<'_>, i: usize) -> Result<f32> {
     let t = ctx.input(i)?;
     if t.numel() != 1 {
-        return Err(rt(format!(
-            "input {i} ('{}') must hold one value, got shape {:?}",
+        bail!(
+            ShapeMismatch: "input {i} ('{}') must hold one value, got shape {:?}",
             ctx.input_name(i),
             t.dims()
-        )));
+        );
     }
     Ok(t.get_f64(0)? as f32)
 }
@@ -106,7 +104,7 @@ impl Policy {
 fn create_lr(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let a = &init.args;
     if !a.has("base_lr") {
-        return Err(init.err("LearningRate needs the base_lr argument"));
+        bail!(op = init, BadArgument: "LearningRate needs the base_lr argument");
     }
     let base = a.float("base_lr", 0.0)?;
     let name = a.string("policy", "fixed")?;
@@ -138,13 +136,13 @@ fn create_lr(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
             steps: a.ints("stepsize"),
             gamma: gamma()?,
         },
-        other => return Err(init.err(format!("Unknown learning rate policy: {other}"))),
+        other => bail!(op = init, BadArgument: "Unknown learning rate policy: {other}"),
     };
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let it = ctx.input(0)?.to_i64_vec()?;
         let it = *it
             .first()
-            .ok_or_else(|| rt("the iteration input is empty"))?;
+            .ok_or_else(|| err!(ShapeMismatch: "the iteration input is empty"))?;
         ctx.output(0)?.ensure::<f32>(&[])[0] = base * policy.multiplier(it);
         Ok(())
     })))
@@ -154,7 +152,7 @@ fn create_lr(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
 fn weighted_sum(ctx: &mut OpContext<'_>) -> Result<()> {
     let n = ctx.num_inputs();
     if n == 0 || !n.is_multiple_of(2) {
-        return Err(rt("WeightedSum needs pairs of (X, weight) inputs"));
+        bail!(Schema: "WeightedSum needs pairs of (X, weight) inputs");
     }
     let dims = ctx.input(0)?.dims().to_vec();
     let inplace0 = ctx.is_inplace(0, 0);
@@ -167,10 +165,7 @@ fn weighted_sum(ctx: &mut OpContext<'_>) -> Result<()> {
         }
         let x = ctx.input(k)?;
         if x.dims() != dims.as_slice() {
-            return Err(rt(format!(
-                "Input {k} has shape {:?}, expected {dims:?}",
-                x.dims()
-            )));
+            bail!(ShapeMismatch: "Input {k} has shape {:?}, expected {dims:?}", x.dims());
         }
         terms.push((x.as_slice::<f32>()?.to_vec(), w));
     }
@@ -202,19 +197,17 @@ fn weighted_sum(ctx: &mut OpContext<'_>) -> Result<()> {
 fn weighted_sum_grad(ctx: &mut OpContext<'_>, grad_on_w: bool) -> Result<()> {
     let n_in = ctx.num_inputs();
     if n_in % 2 != 1 {
-        return Err(rt(format!(
-            "WeightedSumGradient needs dY then (X, weight) pairs, got {n_in} inputs"
-        )));
+        bail!(Schema: "WeightedSumGradient needs dY then (X, weight) pairs, got {n_in} inputs");
     }
     let pairs = n_in / 2;
     let n_out = if grad_on_w { 2 * pairs } else { pairs };
     if ctx.num_outputs() != n_out {
-        return Err(rt(format!(
-            "WeightedSumGradient with grad_on_w={} and {pairs} (X, weight) pairs needs {n_out} \
-             outputs, got {}",
+        bail!(
+            Schema: "WeightedSumGradient with grad_on_w={} and {pairs} (X, weight) pairs needs \
+             {n_out} outputs, got {}",
             u8::from(grad_on_w),
             ctx.num_outputs()
-        )));
+        );
     }
     let dims = ctx.input(0)?.dims().to_vec();
     let dy = read_input(ctx, 0)?;
@@ -223,13 +216,13 @@ fn weighted_sum_grad(ctx: &mut OpContext<'_>, grad_on_w: bool) -> Result<()> {
         let dw = if grad_on_w {
             let x = ctx.input(2 * k + 1)?;
             if x.numel() != dy.len() {
-                return Err(rt(format!(
-                    "input {} ('{}') has {} values, expected {} (the size of dY)",
+                bail!(
+                    ShapeMismatch: "input {} ('{}') has {} values, expected {} (the size of dY)",
                     2 * k + 1,
                     ctx.input_name(2 * k + 1),
                     x.numel(),
                     dy.len()
-                )));
+                );
             }
             let xs = x.as_slice::<f32>()?;
             Some(dy.iter().zip(xs).map(|(a, b)| a * b).sum::<f32>())
@@ -255,7 +248,7 @@ fn create_momentum(init: &OpInit<'_>, update: bool) -> Result<Box<dyn Operator>>
         let g = read_input(ctx, 0)?;
         let m = read_input(ctx, 1)?;
         if g.len() != m.len() {
-            return Err(rt("grad and moment must have the same size"));
+            bail!(ShapeMismatch: "grad and moment must have the same size");
         }
         let dims = ctx.input(0)?.dims().to_vec();
         let mut ng = vec![0f32; g.len()];
@@ -275,7 +268,7 @@ fn create_momentum(init: &OpInit<'_>, update: bool) -> Result<Box<dyn Operator>>
             state_to_output(ctx, 3, 2)?;
             let p = ctx.output(2)?.as_mut_slice::<f32>()?;
             if p.len() != ng.len() {
-                return Err(rt("param must have the size of grad"));
+                bail!(ShapeMismatch: "param must have the size of grad");
             }
             for (pv, d) in p.iter_mut().zip(&ng) {
                 *pv -= d;
@@ -302,7 +295,7 @@ fn create_adagrad(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
             let mut h = ctx.output(1)?.as_slice::<f32>()?.to_vec();
             let p = ctx.output(0)?.as_mut_slice::<f32>()?;
             if p.len() != g.len() || h.len() != g.len() {
-                return Err(rt("param, moment and grad must have the same size"));
+                bail!(ShapeMismatch: "param, moment and grad must have the same size");
             }
             for i in 0..g.len() {
                 h[i] = decay * h[i] + g[i] * g[i];
@@ -335,22 +328,22 @@ fn create_sparse_adagrad(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         let n = ctx.output(0)?.numel();
         let block = n.checked_div(rows).unwrap_or(0);
         if idx.len() * block != g.len() {
-            return Err(rt(format!(
-                "grad has {} values, expected {} indices x {block}",
+            bail!(
+                ShapeMismatch: "grad has {} values, expected {} indices x {block}",
                 g.len(),
                 idx.len()
-            )));
+            );
         }
         let mut h = ctx.output(1)?.as_slice::<f32>()?.to_vec();
         if h.len() != n {
-            return Err(rt("moment must have the size of param"));
+            bail!(ShapeMismatch: "moment must have the size of param");
         }
         let p = ctx.output(0)?.as_mut_slice::<f32>()?;
         for (k, &r) in idx.iter().enumerate() {
             let r = usize::try_from(r)
                 .ok()
                 .filter(|&r| r < rows)
-                .ok_or_else(|| rt(format!("Index out of bounds: {r}, range 0 to {rows}")))?;
+                .ok_or_else(|| err!(BadArgument: "Index out of bounds: {r}, range 0 to {rows}"))?;
             for j in 0..block {
                 let (pi, gi) = (r * block + j, g[k * block + j]);
                 h[pi] += gi * gi;
@@ -372,7 +365,8 @@ fn create_adam(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         let it = ctx.input(5)?.to_i64_vec()?;
         let t = *it
             .first()
-            .ok_or_else(|| rt("the iteration input is empty"))? as f32
+            .ok_or_else(|| err!(ShapeMismatch: "the iteration input is empty"))?
+            as f32
             + 1.0;
         let g = read_input(ctx, 3)?;
         for k in 0..3 {
@@ -382,7 +376,7 @@ fn create_adam(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         let mut m1 = ctx.output(1)?.as_slice::<f32>()?.to_vec();
         let mut m2 = ctx.output(2)?.as_slice::<f32>()?.to_vec();
         if m1.len() != g.len() || m2.len() != g.len() {
-            return Err(rt("param, moments and grad must have the same size"));
+            bail!(ShapeMismatch: "param, moments and grad must have the same size");
         }
         // The optional output is the effective gradient, the step without the learning rate.
         let with_grad = ctx.num_outputs() > 3;
@@ -400,7 +394,7 @@ fn create_adam(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         {
             let p = ctx.output(0)?.as_mut_slice::<f32>()?;
             if p.len() != g.len() {
-                return Err(rt("param must have the size of grad"));
+                bail!(ShapeMismatch: "param must have the size of grad");
             }
             for (pv, s) in p.iter_mut().zip(&step) {
                 *pv += if with_grad { lr * s } else { *s };

@@ -10,9 +10,10 @@
 //! be smaller than the dimension it mirrors (Caffe2 would read out of bounds).
 
 use super::conv_args::{Geometry, Order};
-use crate::error::Result;
+use crate::error::{try_vec, Result};
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
+use crate::{bail, err};
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
@@ -30,19 +31,19 @@ enum Mode {
 fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
     let geo = Geometry::new(init)?;
     if init.args.has("legacy_pad") && init.args.int("legacy_pad", 0)? != 0 {
-        return Err(init.err("Padding layer only supports explicit pad values."));
+        bail!(op = init, NotImplemented: "Padding layer only supports explicit pad values.");
     }
     if geo.dilation != [1, 1] {
-        return Err(init.err("Pooling op does not support dilation right now."));
+        bail!(op = init, NotImplemented: "Pooling op does not support dilation right now.");
     }
     if !gradient && geo.stride != [1, 1] {
-        return Err(init.err("Pooling op does not support stride right now."));
+        bail!(op = init, NotImplemented: "Pooling op does not support stride right now.");
     }
     let mode = match init.args.string("mode", "constant")?.as_str() {
         "constant" => Mode::Constant(init.args.float("value", 0.0)?),
         "reflect" => Mode::Reflect,
         "edge" => Mode::Edge,
-        other => return Err(init.err(format!("Unknown padding mode: {other}"))),
+        other => bail!(op = init, BadArgument: "Unknown padding mode: {other}"),
     };
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         run(ctx, &geo, mode, gradient)
@@ -76,10 +77,11 @@ fn map(
         .map(|p| match source(p, before, n, mode) {
             None => Ok(None),
             Some(i) if i >= 0 && (i as usize) < n => Ok(Some(i as usize)),
-            Some(_) => Err(ctx.err(format!(
-                "the padding ({before} before) reaches past a dimension of size {n} in {mode:?} \
-                 mode"
-            ))),
+            Some(_) => Err(err!(
+                op = ctx,
+                BadArgument: "the padding ({before} before) reaches past a dimension of size {n} \
+                 in {mode:?} mode"
+            )),
         })
         .collect()
 }
@@ -90,32 +92,29 @@ fn run(ctx: &mut OpContext<'_>, geo: &Geometry, mode: Mode, gradient: bool) -> R
     let [pt, pl, pb, pr] = geo.pad;
     // (H, W) of the image and of the padded image.
     let (h, w, ph, pw) = if gradient {
-        let (h, w) = (h_in.checked_sub(pt + pb), w_in.checked_sub(pl + pr));
+        let shrink = |d: usize, a: usize, b: usize| d.checked_sub(a)?.checked_sub(b);
+        let (h, w) = (shrink(h_in, pt, pb), shrink(w_in, pl, pr));
         match (h, w) {
             (Some(h), Some(w)) => (h, w, h_in, w_in),
             _ => {
-                return Err(ctx.err(format!(
-                    "dY {in_dims:?} is smaller than its padding {:?}",
+                bail!(
+                    op = ctx,
+                    ShapeMismatch: "dY {in_dims:?} is smaller than its padding {:?}",
                     geo.pad
-                )))
+                )
             }
         }
     } else {
-        (h_in, w_in, h_in + pt + pb, w_in + pl + pr)
-    };
-    if (h == 0 || w == 0) && !matches!(mode, Mode::Constant(_)) && ph * pw > 0 {
-        return Err(ctx.err("cannot reflect or extend an empty image"));
-    }
-    let rows = map(ctx, ph, pt, h, mode)?;
-    let cols = map(ctx, pw, pl, w, mode)?;
-    let fill = match mode {
-        Mode::Constant(v) => v,
-        _ => 0.0,
-    };
-    // Flat offsets of (n, c, y, x) in a [N, C, Hd, Wd] image of this layout.
-    let at = |ni: usize, ci: usize, y: usize, x: usize, hd: usize, wd: usize| match geo.order {
-        Order::Nchw => ((ni * c + ci) * hd + y) * wd + x,
-        Order::Nhwc => ((ni * hd + y) * wd + x) * c + ci,
+        let grow = |d: usize, a: usize, b: usize| d.checked_add(a)?.checked_add(b);
+        match (grow(h_in, pt, pb), grow(w_in, pl, pr)) {
+            (Some(ph), Some(pw)) => (h_in, w_in, ph, pw),
+            _ => bail!(
+                op = ctx,
+                OutOfMemory: "the padding {:?} of an image of shape {in_dims:?} is too large to \
+                 allocate",
+                geo.pad
+            ),
+        }
     };
     let out_dims = geo.dims(
         n,
@@ -123,9 +122,38 @@ fn run(ctx: &mut OpContext<'_>, geo: &Geometry, mode: Mode, gradient: bool) -> R
         if gradient { h } else { ph },
         if gradient { w } else { pw },
     );
-    let out = {
+    // The padding is the user's: a buffer it sizes is allocated fallibly, before the per-row
+    // and per-column maps (which are not needed when the image is empty).
+    let numel = out_dims
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| {
+            err!(
+                op = ctx,
+                OutOfMemory: "the padded image of shape {out_dims:?} is too large to allocate"
+            )
+        })?;
+    let fill = match mode {
+        Mode::Constant(v) if !gradient => v,
+        _ => 0.0,
+    };
+    if (h == 0 || w == 0) && !matches!(mode, Mode::Constant(_)) && ph > 0 && pw > 0 {
+        bail!(op = ctx, ShapeMismatch: "cannot reflect or extend an empty image");
+    }
+    let mut out = try_vec(numel, fill, "the padded image")?;
+    if numel == 0 {
+        ctx.output(0)?.ensure::<f32>(&out_dims);
+        return Ok(());
+    }
+    let rows = map(ctx, ph, pt, h, mode)?;
+    let cols = map(ctx, pw, pl, w, mode)?;
+    // Flat offsets of (n, c, y, x) in a [N, C, Hd, Wd] image of this layout.
+    let at = |ni: usize, ci: usize, y: usize, x: usize, hd: usize, wd: usize| match geo.order {
+        Order::Nchw => ((ni * c + ci) * hd + y) * wd + x,
+        Order::Nhwc => ((ni * hd + y) * wd + x) * c + ci,
+    };
+    {
         let src = ctx.input(0)?.as_slice::<f32>()?;
-        let mut out = vec![if gradient { 0.0 } else { fill }; out_dims.iter().product()];
         for ni in 0..n {
             for ci in 0..c {
                 for (y, ry) in rows.iter().enumerate() {
@@ -143,8 +171,7 @@ fn run(ctx: &mut OpContext<'_>, geo: &Geometry, mode: Mode, gradient: bool) -> R
                 }
             }
         }
-        out
-    };
+    }
     ctx.output(0)?
         .ensure::<f32>(&out_dims)
         .copy_from_slice(&out);
@@ -208,6 +235,11 @@ mod tests {
         let (_, y) = pad("edge", vec![Argument::int("pad", 1)]).unwrap();
         assert_eq!(&y[..5], &[1.0, 1.0, 2.0, 3.0, 3.0]);
         assert_eq!(&y[15..], &[4.0, 4.0, 5.0, 6.0, 6.0]);
+        // A padding no buffer could hold is refused (no panic, no abort).
+        let e = pad("constant", vec![Argument::int("pad", 1 << 40)]).unwrap_err();
+        assert!(e.to_string().contains("is too large to allocate"), "{e}");
+        let e = pad("constant", vec![Argument::int("pad", i64::MAX)]).unwrap_err();
+        assert!(e.to_string().contains("is too large to allocate"), "{e}");
         // Reflecting farther than the image is refused, as are unknown modes and strides.
         assert!(pad("reflect", vec![Argument::int("pad", 2)]).is_err());
         assert!(pad("wrap", vec![Argument::int("pad", 1)]).is_err());

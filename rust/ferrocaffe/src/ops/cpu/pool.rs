@@ -2,7 +2,8 @@
 //! `global_pooling`, NCHW or NHWC, and their gradients (inputs X, Y, dY).
 
 use super::conv_args::{Geometry, Order};
-use crate::error::{Error, Result};
+use crate::bail;
+use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 
@@ -47,9 +48,7 @@ impl Pool {
             (self.g.kernel[0], self.g.kernel[1])
         };
         if kh == 0 || kw == 0 {
-            return Err(Error::Runtime(
-                "pooling needs a kernel size (or global_pooling)".into(),
-            ));
+            bail!(BadArgument: "pooling needs a kernel size (or global_pooling)");
         }
         let (oh, ow) = if self.g.global {
             (1, 1)
@@ -137,10 +136,7 @@ impl Operator for Pool {
         let y = ins.tensor(1)?.as_slice::<f32>()?;
         let dy = ins.tensor(2)?;
         if dy.dims() != y_dims.as_slice() || y.len() != dy.numel() {
-            return Err(Error::Runtime(format!(
-                "dY has shape {:?}, expected {y_dims:?}",
-                dy.dims()
-            )));
+            bail!(ShapeMismatch: "dY has shape {:?}, expected {y_dims:?}", dy.dims());
         }
         let g = dy.as_slice::<f32>()?;
         let dims = x.dims().to_vec();
@@ -166,7 +162,7 @@ impl Operator for Pool {
 fn create(init: &OpInit<'_>, max: bool, gradient: bool) -> Result<Box<dyn Operator>> {
     let g = Geometry::new(init)?;
     if g.dilation != [1, 1] {
-        return Err(init.err("Pooling op does not support dilation right now."));
+        bail!(op = init, NotImplemented: "Pooling op does not support dilation right now.");
     }
     Ok(Box::new(Pool {
         g,

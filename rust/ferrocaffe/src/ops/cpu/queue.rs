@@ -6,11 +6,12 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 use crate::tensor::Tensor;
 use crate::workspace::{Blob, BlobHandle, OtherBlob};
+use crate::{bail, err};
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
@@ -67,10 +68,6 @@ impl OtherBlob for Arc<BlobsQueue> {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
-}
-
-fn rt(msg: impl std::fmt::Display) -> Error {
-    Error::Runtime(msg.to_string())
 }
 
 impl BlobsQueue {
@@ -140,11 +137,8 @@ fn queue_of(h: &BlobHandle) -> Result<Arc<BlobsQueue>> {
             .as_any()
             .downcast_ref::<Arc<BlobsQueue>>()
             .cloned()
-            .ok_or_else(|| rt(format!("expected a BlobsQueue, found {}", o.type_name()))),
-        other => Err(rt(format!(
-            "expected a BlobsQueue, found {}",
-            other.type_name()
-        ))),
+            .ok_or_else(|| err!(DtypeMismatch: "expected a BlobsQueue, found {}", o.type_name())),
+        other => Err(err!(DtypeMismatch: "expected a BlobsQueue, found {}", other.type_name())),
     }
 }
 
@@ -171,10 +165,7 @@ impl Operator for QueueOp {
             Kind::Enqueue => {
                 let n = ctx.num_inputs() - 1;
                 if n != q.num_blobs {
-                    return Err(rt(format!(
-                        "the queue holds {} blobs, {n} given",
-                        q.num_blobs
-                    )));
+                    bail!(Schema: "the queue holds {} blobs, {n} given", q.num_blobs);
                 }
                 let mut item = Vec::with_capacity(n);
                 for i in 1..=n {
@@ -182,10 +173,10 @@ impl Operator for QueueOp {
                     let t = match &*h.read() {
                         Blob::Tensor(t) => t.clone(),
                         other => {
-                            return Err(rt(format!(
-                                "cannot enqueue a blob holding {}",
+                            bail!(
+                                DtypeMismatch: "cannot enqueue a blob holding {}",
                                 other.type_name()
-                            )))
+                            )
                         }
                     };
                     item.push(t);
@@ -199,7 +190,7 @@ impl Operator for QueueOp {
                 if ok {
                     Ok(())
                 } else {
-                    Err(rt("the queue is closed"))
+                    Err(err!(Runtime: "the queue is closed"))
                 }
             }
             Kind::Dequeue => {
@@ -217,14 +208,11 @@ impl Operator for QueueOp {
                     return if self.safe {
                         Ok(())
                     } else {
-                        Err(rt("the queue is closed and empty"))
+                        Err(err!(Runtime: "the queue is closed and empty"))
                     };
                 };
                 if item.len() != n {
-                    return Err(rt(format!(
-                        "the queue holds {} blobs, {n} outputs given",
-                        item.len()
-                    )));
+                    bail!(Schema: "the queue holds {} blobs, {n} outputs given", item.len());
                 }
                 for (j, t) in item.into_iter().enumerate() {
                     *ctx.output_handle(j).write() = Blob::Tensor(t);

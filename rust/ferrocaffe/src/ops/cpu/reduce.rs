@@ -3,7 +3,8 @@
 //! SquaredL2Distance with their gradients.
 
 use super::broadcast::for_each_index;
-use crate::error::{Error, Result};
+use crate::bail;
+use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 
@@ -77,9 +78,7 @@ fn reduced_dims(
     for &a in axes.iter().flatten() {
         let k = if a < 0 { a + nd } else { a };
         if k < 0 || k >= nd {
-            return Err(Error::Runtime(format!(
-                "axes {a} out of range for a tensor of {nd} dimensions"
-            )));
+            bail!(BadArgument: "axes {a} out of range for a tensor of {nd} dimensions");
         }
         flags[k as usize] = true;
     }
@@ -153,9 +152,7 @@ impl Reduce {
         let (keep, _, count) = reduced_dims(&self.axes, x.dims(), self.keepdims)?;
         let n_out: usize = keep.iter().product();
         if dy.len() != n_out || y.len() != n_out {
-            return Err(Error::Runtime(format!(
-                "dY and Y must hold {n_out} values (the reduced shape {keep:?})"
-            )));
+            bail!(ShapeMismatch: "dY and Y must hold {n_out} values (the reduced shape {keep:?})");
         }
         let xs = x.as_slice::<f32>()?;
         let dims = x.dims().to_vec();
@@ -195,9 +192,7 @@ fn create(init: &OpInit<'_>, red: Red, gradient: bool) -> Result<Box<dyn Operato
 /// `(N, D)` of row-wise ops: X and Y of one shape, N = first dim (1-d: N rows of one value).
 fn rows(ctx_x: &[usize], ctx_y: &[usize]) -> Result<(usize, usize)> {
     if ctx_x != ctx_y {
-        return Err(Error::Runtime(format!(
-            "X {ctx_x:?} and Y {ctx_y:?} must have the same shape"
-        )));
+        bail!(ShapeMismatch: "X {ctx_x:?} and Y {ctx_y:?} must have the same shape");
     }
     let n = ctx_x.first().copied().unwrap_or(1);
     let total: usize = ctx_x.iter().product();
@@ -230,10 +225,7 @@ fn rowwise_grad(ctx: &mut OpContext<'_>, l2: bool) -> Result<()> {
     let (n, d) = rows(x.dims(), y.dims())?;
     let dz = ins.tensor(2)?.as_slice::<f32>()?;
     if dz.len() != n {
-        return Err(Error::Runtime(format!(
-            "dZ must hold {n} values, got {}",
-            dz.len()
-        )));
+        bail!(ShapeMismatch: "dZ must hold {n} values, got {}", dz.len());
     }
     let (xs, ys) = (x.as_slice::<f32>()?, y.as_slice::<f32>()?);
     let dims = x.dims().to_vec();

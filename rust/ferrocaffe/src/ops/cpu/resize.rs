@@ -1,7 +1,8 @@
 //! UpsampleBilinear (NCHW): output `floor(H * height_scale) x floor(W * width_scale)` (scales
 //! from arguments or from a second input `[height_scale, width_scale]`), corners aligned.
 
-use crate::error::{Error, Result};
+use crate::bail;
+use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 
@@ -17,7 +18,10 @@ fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         let (hs, ws) = if ctx.num_inputs() > 1 {
             let s = ctx.input(1)?.as_slice::<f32>()?;
             if s.len() != 2 {
-                return Err(ctx.err("scales input must hold [height_scale, width_scale]"));
+                bail!(
+                    op = ctx,
+                    ShapeMismatch: "scales input must hold [height_scale, width_scale]"
+                );
             }
             (s[0], s[1])
         } else {
@@ -27,9 +31,7 @@ fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         let x = ins.tensor(0)?;
         let d = x.dims();
         if d.len() != 4 {
-            return Err(Error::Runtime(format!(
-                "UpsampleBilinear expects NCHW input, got {d:?}"
-            )));
+            bail!(ShapeMismatch: "UpsampleBilinear expects NCHW input, got {d:?}");
         }
         let (n, c, h, w) = (d[0], d[1], d[2], d[3]);
         let (oh, ow) = ((h as f32 * hs) as usize, (w as f32 * ws) as usize);

@@ -9,9 +9,10 @@
 //! loops over a row vectorize. Inputs are read in place, without copies.
 
 use crate::blas::{for_each_part, part_len};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
+use crate::{bail, err};
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
@@ -71,10 +72,6 @@ fn sigmoid(x: f32) -> f32 {
 #[inline(always)]
 fn tanh(x: f32) -> f32 {
     2.0 * sigmoid(2.0 * x) - 1.0
-}
-
-fn rt(msg: impl std::fmt::Display) -> Error {
-    Error::Runtime(msg.to_string())
 }
 
 /// One LSTM row of `d` units: new cell and hidden state from the previous ones and the gates.
@@ -154,16 +151,15 @@ impl Unit {
     /// Which rows are still inside their sequence at this timestep.
     fn valid(&self, ctx: &OpContext<'_>, seq_i: usize, t_i: usize, n: usize) -> Result<Vec<bool>> {
         let t = ctx.input(t_i)?.to_i64_vec()?;
-        let t = *t.first().ok_or_else(|| rt("timestep input is empty"))?;
+        let t = *t
+            .first()
+            .ok_or_else(|| err!(ShapeMismatch: "timestep input is empty"))?;
         if !self.seq {
             return Ok(vec![true; n]);
         }
         let lens = ctx.input(seq_i)?.to_i64_vec()?;
         if lens.len() != n {
-            return Err(rt(format!(
-                "seq_lengths has {} values, expected N = {n}",
-                lens.len()
-            )));
+            bail!(ShapeMismatch: "seq_lengths has {} values, expected N = {n}", lens.len());
         }
         Ok(lens.iter().map(|&l| t < l).collect())
     }
@@ -177,23 +173,24 @@ impl Unit {
         let hd = ctx.input(0)?.dims().to_vec();
         let d = *hd
             .last()
-            .ok_or_else(|| rt("hidden state must not be 0-d"))?;
+            .ok_or_else(|| err!(ShapeMismatch: "hidden state must not be 0-d"))?;
         let n = ctx.input(0)?.numel().checked_div(d).unwrap_or(0);
         if ctx.input(gates_i)?.numel() != n * gates * d {
-            return Err(rt(format!(
-                "gates must hold N x {gates}D values (N = {n}, D = {d}), got shape {:?}",
+            bail!(
+                ShapeMismatch: "gates must hold N x {gates}D values (N = {n}, D = {d}), got shape \
+                 {:?}",
                 ctx.input(gates_i)?.dims()
-            )));
+            );
         }
         Ok((hd, n, d))
     }
 
     fn check_len(ctx: &OpContext<'_>, i: usize, len: usize, what: &str) -> Result<()> {
         if ctx.input(i)?.numel() != len {
-            return Err(rt(format!(
-                "{what} must hold N x D = {len} values, got shape {:?}",
+            bail!(
+                ShapeMismatch: "{what} must hold N x D = {len} values, got shape {:?}",
                 ctx.input(i)?.dims()
-            )));
+            );
         }
         Ok(())
     }
@@ -212,7 +209,7 @@ impl Unit {
             let x = ins.tensor(2)?.as_slice::<f32>()?;
             let mut hs = outs.tensors();
             let [h, c] = hs.as_mut_slice() else {
-                return Err(rt("LSTMUnit needs two distinct outputs"));
+                bail!(Schema: "LSTMUnit needs two distinct outputs");
             };
             let h = h.ensure::<f32>(&hd);
             let c = c.ensure::<f32>(&hd);
@@ -261,7 +258,7 @@ impl Unit {
         let dc = ins.tensor(b + 3)?.as_slice::<f32>()?;
         let mut gs = outs.tensors();
         let [dh_prev, dc_prev, dx] = gs.as_mut_slice() else {
-            return Err(rt("LSTMUnitGradient needs three distinct outputs"));
+            bail!(Schema: "LSTMUnitGradient needs three distinct outputs");
         };
         let dh_prev = dh_prev.ensure::<f32>(&hd);
         let dc_prev = dc_prev.ensure::<f32>(&hd);
@@ -344,7 +341,7 @@ impl Unit {
         let dh = ins.tensor(dh_i)?.as_slice::<f32>()?;
         let mut gs = outs.tensors();
         let [dh_prev, dx] = gs.as_mut_slice() else {
-            return Err(rt("GRUUnitGradient needs two distinct outputs"));
+            bail!(Schema: "GRUUnitGradient needs two distinct outputs");
         };
         let dh_prev = dh_prev.ensure::<f32>(&hd);
         let dx = dx.ensure::<f32>(&xd);

@@ -29,11 +29,13 @@
 //!
 //! The Adam ops take `beta1` (0.9), `beta2` (0.999) and `epsilon` (1e-5).
 
+use super::optim::{scalar, state_to_output};
 use super::sparse_optim;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 use crate::tensor::{DataType, Tensor};
+use crate::{bail, err};
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
@@ -43,44 +45,17 @@ pub fn register(r: &mut Registry) {
     r.cpu("RowWiseCounter", create_counter);
 }
 
-fn rt(msg: impl std::fmt::Display) -> Error {
-    Error::Runtime(msg.to_string())
-}
-
-/// Makes output `j` hold input `i`'s values (nothing to do when they are one blob).
-fn state_to_output(ctx: &mut OpContext<'_>, i: usize, j: usize) -> Result<()> {
-    if ctx.is_inplace(i, j) {
-        return Ok(());
-    }
-    let (ins, mut outs) = ctx.split();
-    let src = ins.tensor(i)?;
-    outs.tensor(j)?.copy_from(src);
-    Ok(())
-}
-
-/// The single float value of input `i` (the learning rate).
-fn scalar(ctx: &OpContext<'_>, i: usize) -> Result<f32> {
-    let t = ctx.input(i)?;
-    if t.numel() != 1 {
-        return Err(rt(format!(
-            "input {i} ('{}') must hold one value, got shape {:?}",
-            ctx.input_name(i),
-            t.dims()
-        )));
-    }
-    Ok(t.get_f64(0)? as f32)
-}
-
 /// The first int64 value of input `i` (the iteration).
 fn iteration(ctx: &OpContext<'_>, i: usize) -> Result<i64> {
     let t = ctx.input(i)?;
     if t.dtype() != DataType::Int64 || t.numel() != 1 {
-        return Err(rt(format!(
-            "input {i} ('{}') must be one int64 (the iteration), got {} of shape {:?}",
+        bail!(
+            DtypeMismatch: "input {i} ('{}') must be one int64 (the iteration), got {} of shape \
+             {:?}",
             ctx.input_name(i),
             t.dtype(),
             t.dims()
-        )));
+        );
     }
     Ok(t.as_slice::<i64>()?[0])
 }
@@ -89,12 +64,13 @@ fn iteration(ctx: &OpContext<'_>, i: usize) -> Result<i64> {
 fn expect(ctx: &OpContext<'_>, i: usize, dtype: DataType, n: usize, what: &str) -> Result<()> {
     let t = ctx.input(i)?;
     if t.dtype() != dtype || t.numel() != n {
-        return Err(rt(format!(
-            "input {i} ('{}') must hold {n} {dtype} values ({what}), got {} of shape {:?}",
+        bail!(
+            DtypeMismatch: "input {i} ('{}') must hold {n} {dtype} values ({what}), got {} of \
+             shape {:?}",
             ctx.input_name(i),
             t.dtype(),
             t.dims()
-        )));
+        );
     }
     Ok(())
 }
@@ -124,7 +100,7 @@ fn all_outputs<'c>(
     let n = outs.len();
     let v = outs.tensors();
     if v.len() != n {
-        return Err(rt("the outputs of this op must be distinct blobs"));
+        bail!(Schema: "the outputs of this op must be distinct blobs");
     }
     Ok(v)
 }
@@ -147,13 +123,13 @@ fn rowwise_adagrad(ctx: &mut OpContext<'_>, eps: f32, wd: f32, halflife: f64) ->
     let counter = if ctx.num_inputs() > 5 {
         let c = ctx.input(5)?;
         if c.dtype() != DataType::Double || c.numel() < rows {
-            return Err(rt(format!(
-                "input 5 ('{}') (the counter) must hold at least {rows} double values, got {} \
-                 of shape {:?}",
+            bail!(
+                ShapeMismatch: "input 5 ('{}') (the counter) must hold at least {rows} double \
+                 values, got {} of shape {:?}",
                 ctx.input_name(5),
                 c.dtype(),
                 c.dims()
-            )));
+            );
         }
         Some(c.as_slice::<f64>()?.to_vec())
     } else {
@@ -239,7 +215,7 @@ fn rowwise_adam(ctx: &mut OpContext<'_>, b: Betas) -> Result<()> {
     }
     let (state, extra) = o.split_at_mut(3);
     let [w, m1, m2] = state else {
-        return Err(rt("RowWiseSparseAdam needs 3 or 4 outputs"));
+        bail!(Schema: "RowWiseSparseAdam needs 3 or 4 outputs");
     };
     let (w, m1, m2) = (floats_mut(w)?, floats_mut(m1)?, floats_mut(m2)?);
     let mut ng = match extra.first_mut() {
@@ -288,7 +264,7 @@ fn smart_decay_adam(ctx: &mut OpContext<'_>, b: Betas) -> Result<()> {
     let (f, seen) = o.split_at_mut(3);
     let last_seen = seen[0].as_mut_slice::<i64>()?;
     let [w, m1, m2] = f else {
-        return Err(rt("SmartDecaySparseAdam needs 4 outputs"));
+        bail!(Schema: "SmartDecaySparseAdam needs 4 outputs");
     };
     let (w, m1, m2) = (floats_mut(w)?, floats_mut(m1)?, floats_mut(m2)?);
     for (k, &r) in idx.iter().enumerate() {
@@ -337,11 +313,11 @@ fn create_counter(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         let iter = iteration(ctx, 3)?;
         let idx_t = ctx.input(2)?;
         if !matches!(idx_t.dtype(), DataType::Int32 | DataType::Int64) {
-            return Err(rt(format!(
-                "input 2 ('{}') must hold int32 or int64 indices, got {}",
+            bail!(
+                DtypeMismatch: "input 2 ('{}') must hold int32 or int64 indices, got {}",
                 ctx.input_name(2),
                 idx_t.dtype()
-            )));
+            );
         }
         let idx = idx_t.to_i64_vec()?;
         state_to_output(ctx, 0, 0)?;
@@ -355,7 +331,7 @@ fn create_counter(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
                 usize::try_from(i)
                     .ok()
                     .filter(|&r| r < n)
-                    .ok_or_else(|| rt(format!("index {i} out of range for {n} counters")))
+                    .ok_or_else(|| err!(BadArgument: "index {i} out of range for {n} counters"))
             })
             .collect::<Result<Vec<_>>>()?;
         let (_, mut outs) = ctx.split();

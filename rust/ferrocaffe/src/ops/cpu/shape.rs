@@ -10,6 +10,7 @@ use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 use crate::tensor::Element;
 use crate::workspace::Blob;
+use crate::{bail, err};
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
@@ -33,11 +34,13 @@ pub fn register(r: &mut Registry) {
         Ok(Box::new(FnOp(|ctx: &mut OpContext<'_>| {
             let like = ctx.input(1)?.dims().to_vec();
             if like.iter().product::<usize>() != ctx.input(0)?.numel() {
-                return Err(ctx.err(format!(
-                    "ResizeLike: X has {} values, the reference shape {like:?} needs {}",
+                bail!(
+                    op = ctx,
+                    ShapeMismatch: "ResizeLike: X has {} values, the reference shape {like:?} \
+                     needs {}",
                     ctx.input(0)?.numel(),
                     like.iter().product::<usize>()
-                )));
+                );
             }
             reshaped(ctx, &like)
         })))
@@ -48,10 +51,11 @@ pub fn register(r: &mut Registry) {
             let mut d = ctx.input(0)?.dims().to_vec();
             if let Some(&last) = dims.last() {
                 if d.len() + dims.len() < last as usize + 1 {
-                    return Err(ctx.err(format!(
-                        "Input needs at least {} dimensions given `dims`.",
+                    bail!(
+                        op = ctx,
+                        ShapeMismatch: "Input needs at least {} dimensions given `dims`.",
                         last as usize + 1 - dims.len()
-                    )));
+                    );
                 }
             }
             for &k in &dims {
@@ -68,8 +72,9 @@ pub fn register(r: &mut Registry) {
             for (k, &v) in d.iter().enumerate() {
                 if dims.contains(&(k as i64)) {
                     if v != 1 {
-                        return Err(
-                            ctx.err(format!("Dimension {k} of input must be 1 instead of {v}."))
+                        bail!(
+                            op = ctx,
+                            ShapeMismatch: "Dimension {k} of input must be 1 instead of {v}."
                         );
                     }
                 } else {
@@ -78,7 +83,7 @@ pub fn register(r: &mut Registry) {
             }
             if let Some(&last) = dims.last() {
                 if last as usize >= d.len() {
-                    return Err(ctx.err(format!("dims {dims:?} out of range for {d:?}")));
+                    bail!(op = ctx, BadArgument: "dims {dims:?} out of range for {d:?}");
                 }
             }
             reshaped(ctx, &out)
@@ -120,16 +125,12 @@ pub fn register(r: &mut Registry) {
     r.cpu("TileGradient", |i| create_tile(i, true));
 }
 
-fn rt(msg: impl std::fmt::Display) -> Error {
-    Error::Runtime(msg.to_string())
-}
-
 /// `axis` counted from the back when negative; `inclusive` allows `axis == nd`.
 fn canonical(axis: i64, nd: usize, inclusive: bool) -> Result<usize> {
     let a = if axis < 0 { axis + nd as i64 } else { axis };
     let hi = if inclusive { nd as i64 } else { nd as i64 - 1 };
     if a < 0 || a > hi {
-        return Err(rt(format!("axis {axis} out of range for {nd} dimensions")));
+        bail!(BadArgument: "axis {axis} out of range for {nd} dimensions");
     }
     Ok(a as usize)
 }
@@ -137,12 +138,12 @@ fn canonical(axis: i64, nd: usize, inclusive: bool) -> Result<usize> {
 fn sorted_dims(init: &OpInit<'_>) -> Result<Vec<i64>> {
     let mut d = init.args.ints("dims");
     if d.is_empty() {
-        return Err(init.err("Argument `dims` is missing."));
+        bail!(op = init, BadArgument: "Argument `dims` is missing.");
     }
     d.sort_unstable();
     d.dedup();
     if d[0] < 0 {
-        return Err(init.err("Negative dims are not supported"));
+        bail!(op = init, BadArgument: "Negative dims are not supported");
     }
     Ok(d)
 }
@@ -166,32 +167,32 @@ fn new_shape(spec: &[i64], old: &[usize], total: usize) -> Result<Vec<usize>> {
         match s {
             -1 => {
                 if unknown.is_some() {
-                    return Err(rt("Argument `shape` has more than one missing dimension."));
+                    bail!(BadArgument: "Argument `shape` has more than one missing dimension.");
                 }
                 unknown = Some(i);
                 out.push(1);
             }
             0 => out.push(*old.get(i).ok_or_else(|| {
-                rt(format!(
-                    "Argument `shape` copies dimension {i}, which the input lacks"
-                ))
+                err!(BadArgument: "Argument `shape` copies dimension {i}, which the input lacks")
             })?),
             s if s > 0 => out.push(s as usize),
-            s => return Err(rt(format!("Dimension {s} in the new shape is invalid"))),
+            s => bail!(BadArgument: "Dimension {s} in the new shape is invalid"),
         }
     }
     let known: usize = out.iter().product();
     if let Some(i) = unknown {
         if known == 0 || !total.is_multiple_of(known) {
-            return Err(rt(format!(
-                "Argument `shape` does not agree with the input data. ({total} is not a multiple of {known})"
-            )));
+            bail!(
+                ShapeMismatch: "Argument `shape` does not agree with the input data. ({total} is \
+                 not a multiple of {known})"
+            );
         }
         out[i] = total / known;
     } else if known != total {
-        return Err(rt(format!(
-            "Argument `shape` does not agree with the input data. ({total} != {known})"
-        )));
+        bail!(
+            ShapeMismatch: "Argument `shape` does not agree with the input data. ({total} != \
+             {known})"
+        );
     }
     Ok(out)
 }
@@ -199,12 +200,14 @@ fn new_shape(spec: &[i64], old: &[usize], total: usize) -> Result<Vec<usize>> {
 fn create_reshape(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let arg = init.args.has("shape").then(|| init.args.ints("shape"));
     if arg.is_some() && init.num_inputs() == 2 {
-        return Err(init.err(
-            "New shape is specified by the input blob, do not pass in the argument `shape`.",
-        ));
+        bail!(
+            op = init,
+            BadArgument: "New shape is specified by the input blob, do not pass in the argument \
+             `shape`."
+        );
     }
     if arg.is_none() && init.num_inputs() < 2 {
-        return Err(init.err("Argument `shape` is missing."));
+        bail!(op = init, BadArgument: "Argument `shape` is missing.");
     }
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let spec = match &arg {
@@ -269,9 +272,10 @@ fn transpose(ctx: &mut OpContext<'_>, perm: &[usize]) -> Result<()> {
     let x = ins.tensor(0)?;
     let dims = x.dims().to_vec();
     if perm.len() != dims.len() {
-        return Err(rt(format!(
-            "Axes should be a permutation of 0 to ndim: {perm:?} for a tensor of shape {dims:?}"
-        )));
+        bail!(
+            BadArgument: "Axes should be a permutation of 0 to ndim: {perm:?} for a tensor of \
+             shape {dims:?}"
+        );
     }
     let out_dims: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
     let y = outs.tensor(0)?;
@@ -286,10 +290,11 @@ fn transpose(ctx: &mut OpContext<'_>, perm: &[usize]) -> Result<()> {
 fn fixed_perm(perm: Vec<usize>) -> Box<dyn Operator> {
     Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         if ctx.input(0)?.ndim() != 4 {
-            return Err(ctx.err(format!(
-                "The input must be a 4-d tensor, got {:?}",
+            bail!(
+                op = ctx,
+                ShapeMismatch: "The input must be a 4-d tensor, got {:?}",
                 ctx.input(0)?.dims()
-            )));
+            );
         }
         transpose(ctx, &perm)
     }))
@@ -301,7 +306,7 @@ fn create_transpose(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         let mut s = axes.clone();
         s.sort_unstable();
         if s.iter().enumerate().any(|(i, &v)| v != i as i64) {
-            return Err(init.err("Axes should be a permutation of 0 to ndim."));
+            bail!(op = init, BadArgument: "Axes should be a permutation of 0 to ndim.");
         }
     }
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
@@ -337,22 +342,21 @@ fn create_concat(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         for i in 0..n {
             let t = ins.tensor(i)?;
             if t.dtype() != first.dtype() {
-                return Err(rt(format!(
-                    "input {i} is {}, input 0 is {}",
-                    t.dtype(),
-                    first.dtype()
-                )));
+                bail!(DtypeMismatch: "input {i} is {}, input 0 is {}", t.dtype(), first.dtype());
             }
             let d = t.dims();
             if d.len() != d0.len() {
-                return Err(rt(format!("input {i} has shape {d:?}, input 0 has {d0:?}")));
+                bail!(ShapeMismatch: "input {i} has shape {d:?}, input 0 has {d0:?}");
             }
             for j in 0..d.len() {
                 if (add_axis || j != ax) && d[j] != d0[j] {
-                    return Err(rt(format!(
-                        "Expect dimension = {} got {} at axis = {j} for input: {i}. The input tensors can only have different dimensions when arg 'add_axis' = 0 and along the axis = {ax} <{d0:?}> vs <{d:?}>.",
-                        d0[j], d[j]
-                    )));
+                    bail!(
+                        ShapeMismatch: "Expect dimension = {} got {} at axis = {j} for input: \
+                         {i}. The input tensors can only have different dimensions when arg \
+                         'add_axis' = 0 and along the axis = {ax} <{d0:?}> vs <{d:?}>.",
+                        d0[j],
+                        d[j]
+                    );
                 }
             }
             sizes.push(if add_axis { 1 } else { d[ax] });
@@ -393,8 +397,10 @@ fn create_split(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let add_axis = init.args.bool("add_axis", false)?;
     let split = init.args.ints("split");
     if !split.is_empty() && init.num_inputs() == 2 {
-        return Err(
-            init.err("If you set split with an input blob, do not pass in split in the argument.")
+        bail!(
+            op = init,
+            BadArgument: "If you set split with an input blob, do not pass in split in the \
+             argument."
         );
     }
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
@@ -414,28 +420,26 @@ fn create_split(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         {
             Some(s) => {
                 if s.len() != n_out {
-                    return Err(rt(format!(
-                        "split has {} sizes for {n_out} outputs",
-                        s.len()
-                    )));
+                    bail!(BadArgument: "split has {} sizes for {n_out} outputs", s.len());
                 }
                 s.iter().map(|&v| v.max(0) as usize).collect()
             }
             None if add_axis => vec![1; n_out],
             None => {
                 if n_out == 0 || dim % n_out != 0 {
-                    return Err(rt(format!(
-                        "If you did not specify split explicitly, the number of input channels ({dim}) should be divisible by the output size ({n_out})."
-                    )));
+                    bail!(
+                        ShapeMismatch: "If you did not specify split explicitly, the number of \
+                         input channels ({dim}) should be divisible by the output size ({n_out})."
+                    );
                 }
                 vec![dim / n_out; n_out]
             }
         };
         let total: usize = sizes.iter().sum();
         if total != dim {
-            return Err(rt(format!(
-                "Sum of split dimensions do not match: should be {dim}, got {total}"
-            )));
+            bail!(
+                ShapeMismatch: "Sum of split dimensions do not match: should be {dim}, got {total}"
+            );
         }
         let outer: usize = d[..ax].iter().product();
         let inner: usize = d[ax + 1..].iter().product();
@@ -465,18 +469,10 @@ fn create_split(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
 /// Per-dim (start, len) of a slice of `dims`.
 fn slice_ranges(dims: &[usize], starts: &[i64], ends: &[i64]) -> Result<Vec<(usize, usize)>> {
     if starts.len() != ends.len() {
-        return Err(rt(format!(
-            "starts_.size() == ends_.size(). {} vs {}",
-            starts.len(),
-            ends.len()
-        )));
+        bail!(BadArgument: "starts_.size() == ends_.size(). {} vs {}", starts.len(), ends.len());
     }
     if starts.len() > dims.len() {
-        return Err(rt(format!(
-            "starts has {} values for a {}-d input",
-            starts.len(),
-            dims.len()
-        )));
+        bail!(BadArgument: "starts has {} values for a {}-d input", starts.len(), dims.len());
     }
     let mut r = Vec::with_capacity(dims.len());
     for (k, &dim) in dims.iter().enumerate() {
@@ -496,10 +492,12 @@ fn slice_ranges(dims: &[usize], starts: &[i64], ends: &[i64]) -> Result<Vec<(usi
             ends[k]
         };
         if s < 0 || s > d || e < s || e > d {
-            return Err(rt(format!(
-                "Slice of dimension {k}: start {} and end {} out of range for size {d}",
-                starts[k], ends[k]
-            )));
+            bail!(
+                BadArgument: "Slice of dimension {k}: start {} and end {} out of range for size \
+                 {d}",
+                starts[k],
+                ends[k]
+            );
         }
         r.push((s as usize, (e - s) as usize));
     }
@@ -557,10 +555,7 @@ fn create_slice(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> 
         if gradient {
             let dy = ins.tensor(if from_inputs { 3 } else { 1 })?;
             if dy.dims() != out_dims.as_slice() {
-                return Err(rt(format!(
-                    "dY has shape {:?}, the slice has {out_dims:?}",
-                    dy.dims()
-                )));
+                bail!(ShapeMismatch: "dY has shape {:?}, the slice has {out_dims:?}", dy.dims());
             }
             let g = dy.as_slice::<f32>()?;
             let dx = outs.tensor(0)?.ensure::<f32>(&dims);
@@ -598,7 +593,7 @@ fn create_tile(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
             axis_arg
         };
         let tiles = usize::try_from(tiles)
-            .map_err(|_| rt(format!("tiles must not be negative, got {tiles}")))?;
+            .map_err(|_| err!(BadArgument: "tiles must not be negative, got {tiles}"))?;
         let (ins, mut outs) = ctx.split();
         let x = ins.tensor(0)?;
         let d = x.dims().to_vec();
@@ -608,10 +603,7 @@ fn create_tile(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
         if gradient {
             // x is dY (tiled); dX sums the tiles.
             if d[ax] % tiles.max(1) != 0 {
-                return Err(rt(format!(
-                    "dY dimension {} is not a multiple of tiles {tiles}",
-                    d[ax]
-                )));
+                bail!(ShapeMismatch: "dY dimension {} is not a multiple of tiles {tiles}", d[ax]);
             }
             let mut od = d.clone();
             od[ax] /= tiles.max(1);

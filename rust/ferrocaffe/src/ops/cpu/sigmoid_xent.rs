@@ -7,7 +7,8 @@
 //! term when the negatives may later turn positive), `s` the logistic function. Every log is
 //! computed from `e^-|x|` so that no exponential overflows.
 
-use crate::error::{Error, Result};
+use crate::bail;
+use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 use crate::tensor::Tensor;
@@ -16,10 +17,6 @@ use crate::tensor::Tensor;
 pub fn register(r: &mut Registry) {
     r.cpu("SigmoidCrossEntropyWithLogits", |i| create(i, false));
     r.cpu("SigmoidCrossEntropyWithLogitsGradient", |i| create(i, true));
-}
-
-fn rt(msg: impl std::fmt::Display) -> Error {
-    Error::Runtime(msg.to_string())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -60,8 +57,9 @@ fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
     let unjoined = init.args.bool("unjoined_lr_loss", false)?;
     // Only the forward op refuses both; its gradient lets `unjoined_lr_loss` win.
     if log_d && unjoined && !gradient {
-        return Err(
-            init.err("log_D_trick_ and unjoined_lr_loss_ cannot be set as True simultaneously")
+        bail!(
+            op = init,
+            BadArgument: "log_D_trick_ and unjoined_lr_loss_ cannot be set as True simultaneously"
         );
     }
     let kind = if unjoined {
@@ -92,13 +90,13 @@ fn outer_inner(t: &Tensor) -> (usize, usize) {
 fn same_shape(ctx: &OpContext<'_>, li: usize) -> Result<()> {
     let (l, t) = (ctx.input(li)?, ctx.input(li + 1)?);
     if l.dims() != t.dims() {
-        return Err(rt(format!(
-            "logits '{}' {:?} and targets '{}' {:?} must have the same shape",
+        bail!(
+            ShapeMismatch: "logits '{}' {:?} and targets '{}' {:?} must have the same shape",
             ctx.input_name(li),
             l.dims(),
             ctx.input_name(li + 1),
             t.dims()
-        )));
+        );
     }
     Ok(())
 }
@@ -132,10 +130,10 @@ fn backward(ctx: &mut OpContext<'_>, kind: Kind) -> Result<()> {
     let (outer, inner) = outer_inner(logits);
     let g = ins.tensor(0)?.as_slice::<f32>()?;
     if g.len() != outer {
-        return Err(rt(format!(
-            "the output gradient has {} values, expected one per example ({outer})",
+        bail!(
+            ShapeMismatch: "the output gradient has {} values, expected one per example ({outer})",
             g.len()
-        )));
+        );
     }
     let dims = logits.dims().to_vec();
     let x = logits.as_slice::<f32>()?;

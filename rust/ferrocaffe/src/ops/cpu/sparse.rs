@@ -5,10 +5,11 @@
 //! Rows are the slices along the first dimension of DATA; indices may be int32 or int64.
 
 use crate::dispatch;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 use crate::tensor::Tensor;
+use crate::{bail, err};
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
@@ -113,16 +114,12 @@ pub fn register(r: &mut Registry) {
     r.cpu("SparseToDense", |_| Ok(Box::new(FnOp(sparse_to_dense))));
 }
 
-fn rt(msg: impl std::fmt::Display) -> Error {
-    Error::Runtime(msg.to_string())
-}
-
 /// Row count and row size (elements) of DATA.
 fn rows(t: &Tensor) -> Result<(usize, usize)> {
     let n = *t
         .dims()
         .first()
-        .ok_or_else(|| rt("DATA must have at least one dimension"))?;
+        .ok_or_else(|| err!(ShapeMismatch: "DATA must have at least one dimension"))?;
     Ok((n, t.numel().checked_div(n).unwrap_or(0)))
 }
 
@@ -134,9 +131,10 @@ fn indices(t: &Tensor, bound: usize) -> Result<Vec<usize>> {
                 .ok()
                 .filter(|&u| u < bound)
                 .ok_or_else(|| {
-                    rt(format!(
-                        "INDICES element is out of DATA bounds, id={i} axis_dim={bound}"
-                    ))
+                    err!(
+                        BadArgument: "INDICES element is out of DATA bounds, id={i} \
+                         axis_dim={bound}"
+                    )
                 })
         })
         .collect()
@@ -152,9 +150,7 @@ fn create_gather(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         let nd = d.len() as i64;
         let ax = if axis < 0 { axis + nd } else { axis };
         if ax < 0 || ax >= nd {
-            return Err(rt(format!(
-                "axis {axis} out of range for DATA of shape {d:?}"
-            )));
+            bail!(BadArgument: "axis {axis} out of range for DATA of shape {d:?}");
         }
         let ax = ax as usize;
         let idx = indices(idx_t, d[ax])?;
@@ -190,7 +186,7 @@ enum Red {
 fn lengths(t: &Tensor) -> Result<Vec<usize>> {
     t.to_i64_vec()?
         .into_iter()
-        .map(|l| usize::try_from(l).map_err(|_| rt(format!("negative length {l}"))))
+        .map(|l| usize::try_from(l).map_err(|_| err!(BadArgument: "negative length {l}")))
         .collect()
 }
 
@@ -216,16 +212,14 @@ fn lengths_reduce(ctx: &mut OpContext<'_>, red: Red, sparse: bool) -> Result<()>
     let total: usize = lens.iter().sum();
     let n_items = idx.as_ref().map_or(n_rows, Vec::len);
     if total != n_items {
-        return Err(rt(format!(
-            "Your input seems to be incorrect: the sum of lengths values should be the size of the indices tensor, but it appears not. ({total} vs {n_items})"
-        )));
+        bail!(
+            ShapeMismatch: "Your input seems to be incorrect: the sum of lengths values should be \
+             the size of the indices tensor, but it appears not. ({total} vs {n_items})"
+        );
     }
     if let Some(w) = weights {
         if w.len() != n_items {
-            return Err(rt(format!(
-                "WEIGHTS has {} values, expected {n_items}",
-                w.len()
-            )));
+            bail!(ShapeMismatch: "WEIGHTS has {} values, expected {n_items}", w.len());
         }
     }
     let src = data.as_slice::<f32>()?;
@@ -262,19 +256,13 @@ fn lengths_grad(ctx: &mut OpContext<'_>, red: Red) -> Result<()> {
     let lens = lengths(ins.tensor(off + 1)?)?;
     let (n_seg, block) = rows(dy)?;
     if n_seg != lens.len() {
-        return Err(rt(format!(
-            "dY has {n_seg} rows for {} lengths",
-            lens.len()
-        )));
+        bail!(ShapeMismatch: "dY has {n_seg} rows for {} lengths", lens.len());
     }
     let total: usize = lens.iter().sum();
     let weights = if red == Red::Weighted {
         let w = ins.tensor(0)?.as_slice::<f32>()?;
         if w.len() != total {
-            return Err(rt(format!(
-                "WEIGHTS has {} values, expected {total}",
-                w.len()
-            )));
+            bail!(ShapeMismatch: "WEIGHTS has {} values, expected {total}", w.len());
         }
         Some(w)
     } else {
@@ -313,10 +301,7 @@ fn weighted_grad_with_main_input(ctx: &mut OpContext<'_>) -> Result<()> {
     let dy = ins.tensor(1)?;
     let len_t = ins.tensor(2)?;
     if len_t.ndim() != 1 {
-        return Err(rt(format!(
-            "LENGTHS must be a vector, got shape {:?}",
-            len_t.dims()
-        )));
+        bail!(ShapeMismatch: "LENGTHS must be a vector, got shape {:?}", len_t.dims());
     }
     let lens = lengths(len_t)?;
     let data = ins.tensor(3)?;
@@ -324,32 +309,25 @@ fn weighted_grad_with_main_input(ctx: &mut OpContext<'_>) -> Result<()> {
     let idx_t = ins.tensor(4)?;
     let idx = indices(idx_t, n_rows)?;
     if dy.ndim() == 0 {
-        return Err(rt("dY must have at least one dimension"));
+        bail!(ShapeMismatch: "dY must have at least one dimension");
     }
     let (n_seg, dy_block) = rows(dy)?;
     if n_seg != lens.len() {
-        return Err(rt(format!(
-            "dY has {n_seg} rows for {} lengths",
-            lens.len()
-        )));
+        bail!(ShapeMismatch: "dY has {n_seg} rows for {} lengths", lens.len());
     }
     if dy_block != block {
-        return Err(rt(format!(
-            "dY rows have {dy_block} values, DATA rows {block}"
-        )));
+        bail!(ShapeMismatch: "dY rows have {dy_block} values, DATA rows {block}");
     }
     let total: usize = lens.iter().sum();
     if total != idx.len() {
-        return Err(rt(format!(
-            "Your input seems to be incorrect: the sum of lengths values should be the size of the indices tensor, but it appears not. ({total} vs {})",
+        bail!(
+            ShapeMismatch: "Your input seems to be incorrect: the sum of lengths values should be \
+             the size of the indices tensor, but it appears not. ({total} vs {})",
             idx.len()
-        )));
+        );
     }
     if w.len() != total {
-        return Err(rt(format!(
-            "WEIGHTS has {} values, expected {total}",
-            w.len()
-        )));
+        bail!(ShapeMismatch: "WEIGHTS has {} values, expected {total}", w.len());
     }
     let g = dy.as_slice::<f32>()?;
     let src = data.as_slice::<f32>()?;
@@ -384,10 +362,7 @@ fn unsorted_segment_sum(ctx: &mut OpContext<'_>, num: i64) -> Result<()> {
     let (n_rows, block) = rows(data)?;
     let ids = ins.tensor(1)?.to_i64_vec()?;
     if ids.len() != n_rows {
-        return Err(rt(format!(
-            "SEGMENT_IDS has {} values for {n_rows} rows",
-            ids.len()
-        )));
+        bail!(ShapeMismatch: "SEGMENT_IDS has {} values for {n_rows} rows", ids.len());
     }
     let n_seg = if num >= 0 {
         num as usize
@@ -406,7 +381,7 @@ fn unsorted_segment_sum(ctx: &mut OpContext<'_>, num: i64) -> Result<()> {
         let s = usize::try_from(s)
             .ok()
             .filter(|&s| s < n_seg)
-            .ok_or_else(|| rt(format!("segment id {s} out of range [0, {n_seg})")))?;
+            .ok_or_else(|| err!(BadArgument: "segment id {s} out of range [0, {n_seg})"))?;
         for (o, v) in y[s * block..(s + 1) * block]
             .iter_mut()
             .zip(&src[r * block..(r + 1) * block])
@@ -444,11 +419,7 @@ fn scatter_assign(ctx: &mut OpContext<'_>) -> Result<()> {
     let out = ctx.output(0)?;
     let (n_rows, block) = rows(out)?;
     if slices.numel() != idx.len() * block || slices.dtype() != out.dtype() {
-        return Err(rt(format!(
-            "SLICES must hold {} x {block} values of {}",
-            idx.len(),
-            out.dtype()
-        )));
+        bail!(ShapeMismatch: "SLICES must hold {} x {block} values of {}", idx.len(), out.dtype());
     }
     dispatch!(out.dtype(), [Float => f32, Double => f64, Int32 => i32, Int64 => i64, Float16 => half::f16], |T| {
         let s = slices.as_slice::<T>()?;
@@ -457,7 +428,7 @@ fn scatter_assign(ctx: &mut OpContext<'_>) -> Result<()> {
             let i = usize::try_from(i)
                 .ok()
                 .filter(|&i| i < n_rows)
-                .ok_or_else(|| rt(format!("Index out of bounds: {i}, range 0 to {n_rows}")))?;
+                .ok_or_else(|| err!(BadArgument: "Index out of bounds: {i}, range 0 to {n_rows}"))?;
             y[i * block..(i + 1) * block].copy_from_slice(&s[k * block..(k + 1) * block]);
         }
         Ok(())
@@ -468,9 +439,7 @@ fn scatter_assign(ctx: &mut OpContext<'_>) -> Result<()> {
 fn scatter_weighted_sum(ctx: &mut OpContext<'_>) -> Result<()> {
     let n = ctx.num_inputs();
     if n < 5 || !(n - 3).is_multiple_of(2) {
-        return Err(rt(
-            "ScatterWeightedSum needs (X0, W0, INDICES, X1, W1, ...)",
-        ));
+        bail!(Schema: "ScatterWeightedSum needs (X0, W0, INDICES, X1, W1, ...)");
     }
     if !ctx.is_inplace(0, 0) {
         let (ins, mut outs) = ctx.split();
@@ -493,7 +462,7 @@ fn scatter_weighted_sum(ctx: &mut OpContext<'_>) -> Result<()> {
         let i = usize::try_from(i)
             .ok()
             .filter(|&i| i < n_rows)
-            .ok_or_else(|| rt(format!("Index out of bounds: {i}, range 0 to {n_rows}")))?;
+            .ok_or_else(|| err!(BadArgument: "Index out of bounds: {i}, range 0 to {n_rows}"))?;
         for j in 0..block {
             let mut v = y[i * block + j] * w0;
             for (x, w) in &terms {
@@ -514,7 +483,7 @@ fn sparse_to_dense(ctx: &mut OpContext<'_>) -> Result<()> {
         *ins.tensor(2)?
             .dims()
             .first()
-            .ok_or_else(|| rt("the shape reference must not be 0-d"))?
+            .ok_or_else(|| err!(ShapeMismatch: "the shape reference must not be 0-d"))?
     } else {
         idx.iter()
             .copied()
@@ -524,7 +493,7 @@ fn sparse_to_dense(ctx: &mut OpContext<'_>) -> Result<()> {
     let block = values.numel().checked_div(idx.len()).unwrap_or(0);
     let mut od = values.dims().to_vec();
     if od.is_empty() {
-        return Err(rt("values must have at least one dimension"));
+        bail!(ShapeMismatch: "values must have at least one dimension");
     }
     od[0] = first;
     let src = values.as_slice::<f32>()?;
@@ -534,7 +503,7 @@ fn sparse_to_dense(ctx: &mut OpContext<'_>) -> Result<()> {
         let i = usize::try_from(i)
             .ok()
             .filter(|&i| i < first)
-            .ok_or_else(|| rt(format!("index {i} out of range [0, {first})")))?;
+            .ok_or_else(|| err!(BadArgument: "index {i} out of range [0, {first})"))?;
         for j in 0..block {
             y[i * block + j] += src[k * block + j];
         }

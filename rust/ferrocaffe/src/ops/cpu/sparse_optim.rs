@@ -6,43 +6,17 @@
 //! repeated index is updated twice. The state is updated in place (the schemas enforce it);
 //! an output that is not its input's blob gets the input's values first.
 
-use crate::error::{Error, Result};
+use super::optim::{scalar, state_to_output};
+use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 use crate::tensor::DataType;
+use crate::{bail, err};
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
     r.cpu("SparseAdam", create_sparse_adam);
     r.cpu("SparseMomentumSGDUpdate", create_sparse_momentum);
-}
-
-fn rt(msg: impl std::fmt::Display) -> Error {
-    Error::Runtime(msg.to_string())
-}
-
-/// Makes output `j` hold input `i`'s values (nothing to do when they are one blob).
-fn state_to_output(ctx: &mut OpContext<'_>, i: usize, j: usize) -> Result<()> {
-    if ctx.is_inplace(i, j) {
-        return Ok(());
-    }
-    let (ins, mut outs) = ctx.split();
-    let src = ins.tensor(i)?;
-    outs.tensor(j)?.copy_from(src);
-    Ok(())
-}
-
-/// The single value of input `i` (the learning rate).
-fn scalar(ctx: &OpContext<'_>, i: usize) -> Result<f32> {
-    let t = ctx.input(i)?;
-    if t.numel() != 1 {
-        return Err(rt(format!(
-            "input {i} ('{}') must hold one value, got shape {:?}",
-            ctx.input_name(i),
-            t.dims()
-        )));
-    }
-    Ok(t.get_f64(0)? as f32)
 }
 
 /// The rows to update and the row size, after the shape checks shared by the sparse
@@ -58,29 +32,29 @@ pub(super) fn sparse_rows(
 ) -> Result<(Vec<usize>, usize)> {
     let p = ctx.input(param)?;
     let rows = *p.dims().first().ok_or_else(|| {
-        rt(format!(
-            "input {param} ('{}') must have at least one dimension",
+        err!(
+            ShapeMismatch: "input {param} ('{}') must have at least one dimension",
             ctx.input_name(param)
-        ))
+        )
     })?;
     for &s in state {
         if ctx.input(s)?.numel() != p.numel() {
-            return Err(rt(format!(
-                "input {s} ('{}') has {} values, expected {} (the size of '{}')",
+            bail!(
+                ShapeMismatch: "input {s} ('{}') has {} values, expected {} (the size of '{}')",
                 ctx.input_name(s),
                 ctx.input(s)?.numel(),
                 p.numel(),
                 ctx.input_name(param)
-            )));
+            );
         }
     }
     let idx_t = ctx.input(indices)?;
     if !matches!(idx_t.dtype(), DataType::Int32 | DataType::Int64) {
-        return Err(rt(format!(
-            "input {indices} ('{}') must hold int32 or int64 indices, got {}",
+        bail!(
+            DtypeMismatch: "input {indices} ('{}') must hold int32 or int64 indices, got {}",
             ctx.input_name(indices),
             idx_t.dtype()
-        )));
+        );
     }
     let g = ctx.input(grad)?;
     let block = p.size_from_dim(1);
@@ -90,15 +64,15 @@ pub(super) fn sparse_rows(
         usize::MAX
     };
     if g_block != block || g.numel() != idx_t.numel() * block {
-        return Err(rt(format!(
-            "'{}' {:?} must be the rows of '{}' {:?} at the indices '{}' {:?}",
+        bail!(
+            ShapeMismatch: "'{}' {:?} must be the rows of '{}' {:?} at the indices '{}' {:?}",
             ctx.input_name(grad),
             g.dims(),
             ctx.input_name(param),
             p.dims(),
             ctx.input_name(indices),
             idx_t.dims()
-        )));
+        );
     }
     let idx = idx_t
         .to_i64_vec()?
@@ -108,11 +82,11 @@ pub(super) fn sparse_rows(
                 .ok()
                 .filter(|&r| r < rows)
                 .ok_or_else(|| {
-                    rt(format!(
-                        "index {i} of '{}' out of range for '{}' with {rows} rows",
+                    err!(
+                        BadArgument: "index {i} of '{}' out of range for '{}' with {rows} rows",
                         ctx.input_name(indices),
                         ctx.input_name(param)
-                    ))
+                    )
                 })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -194,12 +168,9 @@ fn create_sparse_adam(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
 fn sparse_adam(ctx: &mut OpContext<'_>, b1: f32, b2: f32, eps: f32, radam: bool) -> Result<()> {
     let (idx, block) = sparse_rows(ctx, 0, &[1, 2], 3, 4)?;
     let lr = scalar(ctx, 5)?;
-    let iter = *ctx.input(6)?.to_i64_vec()?.first().ok_or_else(|| {
-        rt(format!(
-            "input 6 ('{}') (the iteration) is empty",
-            ctx.input_name(6)
-        ))
-    })?;
+    let iter = *ctx.input(6)?.to_i64_vec()?.first().ok_or_else(
+        || err!(ShapeMismatch: "input 6 ('{}') (the iteration) is empty", ctx.input_name(6)),
+    )?;
     let step = AdamStep::new(b1, b2, eps, radam, iter);
     let g = ctx.input(4)?.as_slice::<f32>()?.to_vec();
     let g_dims = ctx.input(4)?.dims().to_vec();

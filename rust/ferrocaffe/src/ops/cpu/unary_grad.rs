@@ -11,6 +11,7 @@
 //! Both inputs must have the same shape; the output `dX` gets it. Float only.
 
 use super::elementwise::{binary, input_meta, unary};
+use crate::bail;
 use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext};
 use crate::ops::registry::Registry;
@@ -58,11 +59,12 @@ fn run(ctx: &mut OpContext<'_>, order: Order, f: fn(f64, f64) -> f64) -> Result<
     let (a, _) = input_meta(ctx, 0)?;
     let (b, _) = input_meta(ctx, 1)?;
     if a != b {
-        return Err(ctx.err(format!(
-            "inputs '{}' {a:?} and '{}' {b:?} must have the same shape",
+        bail!(
+            op = ctx,
+            ShapeMismatch: "inputs '{}' {a:?} and '{}' {b:?} must have the same shape",
             ctx.input_name(0),
             ctx.input_name(1)
-        )));
+        );
     }
     match order {
         Order::ValueFirst => {
