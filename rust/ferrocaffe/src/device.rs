@@ -150,7 +150,7 @@ impl Device {
                 })?;
                 Ok(Device::Cuda(id))
             }
-            other => Err(Error::Runtime(format!(
+            other => Err(Error::Device(format!(
                 "device type {other} is not supported by this build"
             ))),
         }
@@ -211,7 +211,7 @@ pub trait DeviceMemory: Send + Sync + 'static {
 
 /// The error host code gets for memory on another device.
 pub fn not_on_host(device: Device, what: &str) -> Error {
-    Error::Runtime(format!(
+    Error::Device(format!(
         "{what} lives on {device}: host code cannot read it; copy it to the CPU first \
          (CopyGPUToCPU, EnsureCPUOutput, or FetchBlob)"
     ))

@@ -647,7 +647,7 @@ impl Tensor {
         };
         let mut host = Tensor::new(self.dtype, &self.dims);
         mem.copy_to_host(start, host.bytes_mut()).map_err(|e| {
-            Error::Runtime(format!("copying {len} bytes from {}: {e}", mem.device()))
+            Error::Device(format!("copying {len} bytes from {}: {e}", mem.device()))
         })?;
         Ok(host)
     }

@@ -349,7 +349,7 @@ impl Workspace {
     /// A blob that must exist, with a Caffe2-style error otherwise.
     pub fn blob(&self, name: &str) -> Result<BlobHandle> {
         self.get_blob(name)
-            .ok_or_else(|| Error::Runtime(format!("Can't find blob: {name}")))
+            .ok_or_else(|| Error::MissingBlob(format!("Can't find blob: {name}")))
     }
 
     /// Removes a local blob; returns whether it existed.
@@ -447,7 +447,7 @@ impl Workspace {
     pub fn run_net(&self, name: &str, num_iter: usize) -> Result<()> {
         let net = self
             .get_net(name)
-            .ok_or_else(|| Error::Runtime(format!("Can't find net {name}")))?;
+            .ok_or_else(|| Error::MissingBlob(format!("Can't find net {name}")))?;
         let mut net = net.lock();
         for _ in 0..num_iter {
             net.run()?;

@@ -25,7 +25,7 @@ use smallvec::SmallVec;
 use crate::blas::GemmContext;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::ops::operator::{op_error, InSlot, OpContext, OpInit, Operator};
+use crate::ops::operator::{op_error, op_failed, InSlot, OpContext, OpInit, Operator};
 use crate::proto::{NetDef, OperatorDef};
 use crate::workspace::{BlobHandle, CreatedNet, SharedNet, Workspace};
 
@@ -65,7 +65,7 @@ impl OpInstance {
             match ws.get_blob(name) {
                 Some(h) => inputs.push(h),
                 None => {
-                    return Err(Error::Runtime(format!(
+                    return Err(Error::MissingBlob(format!(
                         "op {op_type}: Encountered a non-existing input blob: {name}"
                     )))
                 }
@@ -197,7 +197,7 @@ impl OpInstance {
         drop(ctx);
         match result {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(op_error(&self.def, e)),
+            Ok(Err(e)) => Err(op_failed(&self.def, e)),
             Err(panic) => {
                 let what = panic
                     .downcast_ref::<&str>()
@@ -217,7 +217,7 @@ fn is_dag(net_type: &str) -> Result<bool> {
         "dag" | "async_dag" | "async_scheduling" | "prof_dag" | "async_simple" | "parallel" => {
             Ok(true)
         }
-        other => Err(Error::Runtime(format!(
+        other => Err(Error::BadArgument(format!(
             "Cannot find net type '{other}' (known: simple, dag, async_dag, async_scheduling, prof_dag, async_simple)"
         ))),
     }

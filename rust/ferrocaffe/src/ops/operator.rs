@@ -89,13 +89,23 @@ impl<'a> OpInit<'a> {
 
 /// `msg` followed by which op raised it.
 pub fn op_error(def: &OperatorDef, msg: impl std::fmt::Display) -> Error {
-    Error::Runtime(format!(
+    Error::Runtime(op_message(def, msg))
+}
+
+/// An error a kernel returned, with the op that raised it appended; an enforced kind (shape,
+/// dtype, out of memory, ...) stays that kind ([`Error::map_message`]).
+pub fn op_failed(def: &OperatorDef, e: Error) -> Error {
+    e.map_message(|m| op_message(def, m))
+}
+
+fn op_message(def: &OperatorDef, msg: impl std::fmt::Display) -> String {
+    format!(
         "{msg} (Error from operator: type {}, name {}, inputs [{}], outputs [{}])",
         def.r#type(),
         display_name(def),
         def.input.join(", "),
         def.output.join(", ")
-    ))
+    )
 }
 
 /// How an input is reached while the op runs.
@@ -219,7 +229,7 @@ impl<'a> OpContext<'a> {
         let k = self.out_slot(j);
         match self.outs.get_mut(k).and_then(|o| o.as_deref_mut()) {
             Some(b) => Ok(b),
-            None => Err(Error::Runtime(format!(
+            None => Err(Error::Schema(format!(
                 "output {j} ('{}') is not locked for this op",
                 self.def.output.get(j).map(String::as_str).unwrap_or("?")
             ))),
@@ -272,7 +282,7 @@ impl Inputs<'_, '_> {
                 Some(InSlot::Read(g)) => return Ok(g),
                 Some(InSlot::Input(e)) => k = *e,
                 _ => {
-                    return Err(Error::Runtime(format!(
+                    return Err(Error::Schema(format!(
                         "input {i} ('{}') is computed in place; read it through the output",
                         self.def.input.get(i).map(String::as_str).unwrap_or("?")
                     )))
@@ -285,7 +295,7 @@ impl Inputs<'_, '_> {
     pub fn tensor(&self, i: usize) -> Result<&Tensor> {
         let b = self.blob(i)?;
         b.tensor().ok_or_else(|| {
-            Error::Runtime(format!(
+            Error::DtypeMismatch(format!(
                 "input {i} ('{}') holds {}, expected a tensor",
                 self.def.input.get(i).map(String::as_str).unwrap_or("?"),
                 b.type_name()
@@ -316,7 +326,7 @@ impl Outputs<'_, '_> {
         let name = self.def.output.get(j).cloned().unwrap_or_default();
         match self.outs.get_mut(j).and_then(|o| o.as_deref_mut()) {
             Some(b) => Ok(b),
-            None => Err(Error::Runtime(format!(
+            None => Err(Error::Schema(format!(
                 "output {j} ('{name}') repeats an earlier output"
             ))),
         }

@@ -110,14 +110,14 @@ impl Registry {
         let op_type = def.r#type();
         let dev = DeviceType::of_option(def.device_option.as_ref());
         let factory = self.lookup(op_type, dev, def.engine()).ok_or_else(|| {
-            Error::Runtime(format!(
+            Error::Device(format!(
                 "Cannot create operator of type '{op_type}' on the device '{}'. Verify that implementation for the corresponding device exist.",
                 dev.name()
             ))
         })?;
         if let Some(s) = schema::lookup(op_type) {
             s.verify(def).map_err(|e| {
-                Error::Runtime(format!("Operator def did not pass schema checking: {e}"))
+                Error::Schema(format!("Operator def did not pass schema checking: {e}"))
             })?;
         }
         Ok(factory)
