@@ -119,6 +119,24 @@ impl GemmContext {
         }
     }
 
+    /// [`sgemm_with`] in this context.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sgemm(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        a: &[f32],
+        b: &[f32],
+        beta: f32,
+        c: &mut [f32],
+    ) {
+        sgemm_with(self, trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+    }
+
     /// The CBLAS library this context runs products on, if any.
     fn cblas(&self) -> Option<&'static Cblas> {
         CBLAS.get().filter(|_| self.cblas)

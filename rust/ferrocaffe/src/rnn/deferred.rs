@@ -18,6 +18,7 @@
 use super::analysis::APPLY_LINK;
 use super::config::Link;
 use super::steps::tensor_of;
+use crate::blas::GemmContext;
 use crate::error::Result;
 use crate::ops::cpu::fc;
 use crate::proto::{Argument, NetDef, OperatorDef};
@@ -158,7 +159,7 @@ fn rows<'a>(t: &'a Tensor, name: &str, first: usize, count: usize) -> Result<&'a
 impl Deferred {
     /// Adds the sums over timesteps `0..steps` into the parameter gradients (in `ws`, the
     /// gradient op's workspace, after the steps ran).
-    pub fn finish(&self, ws: &Workspace, steps: usize) -> Result<()> {
+    pub fn finish(&self, ws: &Workspace, steps: usize, gemm: &GemmContext) -> Result<()> {
         if steps == 0 {
             return Ok(());
         }
@@ -194,7 +195,7 @@ impl Deferred {
         let n = dys.len() / m;
         if let Some(name) = &self.dw {
             add_into(ws, name, n * k, |dw| {
-                fc::sgemm(true, false, n, k, m, 1.0, dys, xs, 1.0, dw)
+                gemm.sgemm(true, false, n, k, m, 1.0, dys, xs, 1.0, dw)
             })?;
         }
         if let Some(name) = &self.db {
@@ -377,7 +378,7 @@ mod tests {
             db: Some("db".into()),
             axis: 2,
         };
-        d.finish(&ws, t).unwrap();
+        d.finish(&ws, t, &GemmContext::current()).unwrap();
         let (mut dw, mut db) = (vec![1.0f64; g * h], vec![0.5f64; g]);
         for step in 0..t {
             for r in 0..n {
@@ -401,6 +402,6 @@ mod tests {
             assert!((*a as f64 - b).abs() < 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
         }
         // Rows past the buffer are an error, not a silent partial sum.
-        assert!(d.finish(&ws, t + 1).is_err());
+        assert!(d.finish(&ws, t + 1, &GemmContext::current()).is_err());
     }
 }

@@ -450,7 +450,7 @@ impl Operator for RecurrentNetworkGradient {
             }
         }
         for d in &self.deferred {
-            d.finish(&ws, t_len)?;
+            d.finish(&ws, t_len, &ctx.gemm)?;
         }
         for (i, (rg, &input)) in self.rgs.iter().zip(&self.recurrent_ids).enumerate() {
             let init = read_tensor(ctx.input_handle(input), ctx.input_name(input))?;

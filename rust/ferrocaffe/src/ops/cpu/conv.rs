@@ -4,7 +4,6 @@
 //! W is `[M, C/G, kH, kW]` (NCHW) or `[M, kH, kW, C/G]` (NHWC); the optional bias has M values.
 
 use super::conv_args::{Geometry, Order};
-use super::fc::sgemm;
 use crate::bail;
 use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
@@ -108,6 +107,7 @@ impl Conv {
     }
 
     fn forward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let gemm = ctx.gemm;
         let (ins, mut outs) = ctx.split();
         let x = ins.tensor(0)?;
         let w = ins.tensor(1)?;
@@ -150,7 +150,7 @@ impl Conv {
                         let dst = &mut yi[gi * mg * so..(gi + 1) * mg * so];
                         if one_by_one {
                             let base = (img * d.c + gi * d.cg()) * d.h * d.w;
-                            sgemm(
+                            gemm.sgemm(
                                 false,
                                 false,
                                 mg,
@@ -164,15 +164,15 @@ impl Conv {
                             );
                         } else {
                             self.im2col(&d, xs, img, gi, &mut col);
-                            sgemm(false, false, mg, so, kd, 1.0, wg, &col, 0.0, dst);
+                            gemm.sgemm(false, false, mg, so, kd, 1.0, wg, &col, 0.0, dst);
                         }
                     }
                     Order::Nhwc => {
                         self.im2col(&d, xs, img, gi, &mut col);
                         if d.group == 1 {
-                            sgemm(false, true, so, d.m, kd, 1.0, &col, wg, 0.0, yi);
+                            gemm.sgemm(false, true, so, d.m, kd, 1.0, &col, wg, 0.0, yi);
                         } else {
-                            sgemm(false, true, so, mg, kd, 1.0, &col, wg, 0.0, &mut tmp);
+                            gemm.sgemm(false, true, so, mg, kd, 1.0, &col, wg, 0.0, &mut tmp);
                             for p in 0..so {
                                 yi[p * d.m + gi * mg..p * d.m + (gi + 1) * mg]
                                     .copy_from_slice(&tmp[p * mg..(p + 1) * mg]);
@@ -205,6 +205,7 @@ impl Conv {
 
     /// Inputs (X, W, dY); outputs (dW, db, dX) or, with no_bias, (dW, dX); dX optional.
     fn backward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let gemm = ctx.gemm;
         let n_out = ctx.num_outputs();
         let (ins, mut outs) = ctx.split();
         let x = ins.tensor(0)?;
@@ -251,15 +252,15 @@ impl Conv {
                 let wg = &ws[gi * mg * kd..(gi + 1) * mg * kd];
                 match self.g.order {
                     Order::Nchw => {
-                        sgemm(false, true, mg, kd, so, 1.0, &gg, &col, 1.0, dwg);
+                        gemm.sgemm(false, true, mg, kd, so, 1.0, &gg, &col, 1.0, dwg);
                         if want_dx {
-                            sgemm(true, false, kd, so, mg, 1.0, wg, &gg, 0.0, &mut col);
+                            gemm.sgemm(true, false, kd, so, mg, 1.0, wg, &gg, 0.0, &mut col);
                         }
                     }
                     Order::Nhwc => {
-                        sgemm(true, false, mg, kd, so, 1.0, &gg, &col, 1.0, dwg);
+                        gemm.sgemm(true, false, mg, kd, so, 1.0, &gg, &col, 1.0, dwg);
                         if want_dx {
-                            sgemm(false, false, so, kd, mg, 1.0, &gg, wg, 0.0, &mut col);
+                            gemm.sgemm(false, false, so, kd, mg, 1.0, &gg, wg, 0.0, &mut col);
                         }
                     }
                 }

@@ -4,7 +4,6 @@
 
 use super::conv::{col2im, Dims};
 use super::conv_args::{Geometry, Order};
-use super::fc::sgemm;
 use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
@@ -22,6 +21,7 @@ struct ConvTranspose {
 
 impl Operator for ConvTranspose {
     fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let gemm = ctx.gemm;
         let (ins, mut outs) = ctx.split();
         let x = ins.tensor(0)?;
         let w = ins.tensor(1)?;
@@ -75,8 +75,8 @@ impl Operator for ConvTranspose {
         for img in 0..n {
             let xi = &xs[img * cin * so..(img + 1) * cin * so];
             match g.order {
-                Order::Nchw => sgemm(true, false, kd, so, cin, 1.0, ws, xi, 0.0, &mut col),
-                Order::Nhwc => sgemm(false, false, so, kd, cin, 1.0, xi, ws, 0.0, &mut col),
+                Order::Nchw => gemm.sgemm(true, false, kd, so, cin, 1.0, ws, xi, 0.0, &mut col),
+                Order::Nhwc => gemm.sgemm(false, false, so, kd, cin, 1.0, xi, ws, 0.0, &mut col),
             }
             col2im(g, &d, &col, img, 0, y);
         }

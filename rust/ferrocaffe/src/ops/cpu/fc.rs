@@ -1,5 +1,5 @@
 //! Fully connected layers: FC (`Y = X W^T + b`), FCTransposed (`Y = X W + b`) and their
-//! gradient ops, on [`crate::blas::sgemm`].
+//! gradient ops, on [`crate::blas::sgemm_with`] in the op context's GEMM context.
 //!
 //! X is flattened to `M x K` at `axis` (default 1), W to `N x K` (`K x N` transposed) at
 //! `axis_w` (default 1); Y has X's dims before `axis` followed by N.
@@ -18,7 +18,6 @@ pub fn register(r: &mut Registry) {
     r.cpu("FCTransposedGradient", |i| create(i, true, true));
 }
 
-pub use crate::blas::sgemm;
 use crate::blas::{for_each_part, part_len};
 
 struct Fc {
@@ -77,6 +76,7 @@ impl Fc {
     }
 
     fn forward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let gemm = ctx.gemm;
         let (ins, mut outs) = ctx.split();
         let x = ins.tensor(0)?;
         let w = ins.tensor(1)?;
@@ -98,7 +98,7 @@ impl Fc {
                 row.copy_from_slice(bs);
             }
         });
-        sgemm(
+        gemm.sgemm(
             false,
             !self.transposed,
             m,
@@ -114,6 +114,7 @@ impl Fc {
     }
 
     fn backward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let gemm = ctx.gemm;
         let (ins, mut outs) = ctx.split();
         let x = ins.tensor(0)?;
         let w = ins.tensor(1)?;
@@ -134,9 +135,9 @@ impl Fc {
             let beta = self.accumulated(0, dw_t, &w_dims)?;
             let dw = dw_t.ensure::<f32>(&w_dims);
             if self.transposed {
-                sgemm(true, false, k, n, m, 1.0, xs, dys, beta, dw);
+                gemm.sgemm(true, false, k, n, m, 1.0, xs, dys, beta, dw);
             } else {
-                sgemm(true, false, n, k, m, 1.0, dys, xs, beta, dw);
+                gemm.sgemm(true, false, n, k, m, 1.0, dys, xs, beta, dw);
             }
         }
         if !self.deferred[1] {
@@ -150,7 +151,7 @@ impl Fc {
         }
         if outs.len() > 2 {
             let dx = outs.tensor(2)?.ensure::<f32>(&x_dims);
-            sgemm(false, self.transposed, m, k, n, 1.0, dys, ws, 0.0, dx);
+            gemm.sgemm(false, self.transposed, m, k, n, 1.0, dys, ws, 0.0, dx);
         }
         Ok(())
     }

@@ -4,7 +4,6 @@
 //! including 1-d operands).
 
 use super::broadcast::{broadcast_dims, for_each_index};
-use super::fc::sgemm;
 use crate::bail;
 use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
@@ -30,6 +29,7 @@ fn create_matmul(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let trans_a = init.args.bool("trans_a", false)?;
     let trans_b = init.args.bool("trans_b", false)?;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+        let gemm = ctx.gemm;
         let (ins, mut outs) = ctx.split();
         let a = ins.tensor(0)?;
         let b = ins.tensor(1)?;
@@ -62,7 +62,7 @@ fn create_matmul(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
             None
         };
         let out = outs.tensor(0)?;
-        sgemm(
+        gemm.sgemm(
             trans_a,
             trans_b,
             m,
@@ -86,6 +86,7 @@ fn create_batch(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let trans_b = init.args.bool("trans_b", false)?;
     let broadcast = init.args.bool("broadcast", false)?;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+        let gemm = ctx.gemm;
         let (ins, mut outs) = ctx.split();
         let a = ins.tensor(0)?;
         let b = ins.tensor(1)?;
@@ -143,7 +144,7 @@ fn create_batch(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
             pairs.push((i, ia, ib))
         });
         for (i, ia, ib) in pairs {
-            sgemm(
+            gemm.sgemm(
                 trans_a && !a1,
                 trans_b && !b1,
                 m,
