@@ -81,6 +81,24 @@ pub fn panic_to_py(payload: Box<dyn std::any::Any + Send>) -> PyErr {
     PyRuntimeError::new_err(format!("internal error (panic): {what}"))
 }
 
+/// Runs `f` with the GIL released and any panic caught: a panic becomes a Python
+/// `RuntimeError` naming `what` (the entry point), never a `PanicException`, which
+/// `except Exception` would miss.
+pub fn detach_guarded<T: Send>(
+    py: Python<'_>,
+    what: &str,
+    f: impl FnOnce() -> T + Send,
+) -> PyResult<T> {
+    py.detach(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)))
+        .map_err(|p| {
+            let e = panic_to_py(p);
+            PyRuntimeError::new_err(format!(
+                "{what}: {}",
+                Python::attach(|py| e.value(py).to_string())
+            ))
+        })
+}
+
 /// Extension trait: `result.py()?` converts a core `Result` into a `PyResult`.
 pub trait IntoPy<T> {
     fn py(self) -> PyResult<T>;
@@ -89,6 +107,13 @@ pub trait IntoPy<T> {
 impl<T> IntoPy<T> for ferrocaffe::Result<T> {
     fn py(self) -> PyResult<T> {
         self.map_err(to_py)
+    }
+}
+
+/// For [`detach_guarded`] around a core call: the panic guard's error, else the call's.
+impl<T> IntoPy<T> for PyResult<ferrocaffe::Result<T>> {
+    fn py(self) -> PyResult<T> {
+        self?.map_err(to_py)
     }
 }
 

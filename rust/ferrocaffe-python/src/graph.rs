@@ -7,7 +7,7 @@ use ferrocaffe::graph::{Graph, Ssa, ValueId, Version};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-use crate::errors::IntoPy;
+use crate::errors::{detach_guarded, IntoPy};
 
 /// Caches one Python string per blob and one `(name, version)` tuple per value, so that a
 /// name or versioned blob that occurs many times is one shared (immutable) object.
@@ -377,9 +377,10 @@ fn ssa_get_ssa<'py>(
     start: Option<Vec<(String, Version)>>,
 ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyDict>)> {
     let start = start.unwrap_or_default();
-    let ssa = py
-        .detach(|| Ssa::from_bytes(net, start.iter().map(|(n, v)| (n.as_str(), *v))))
-        .py()?;
+    let ssa = detach_guarded(py, "ssa_get_ssa", || {
+        Ssa::from_bytes(net, start.iter().map(|(n, v)| (n.as_str(), *v)))
+    })
+    .py()?;
     let mut objs = SsaObjects::new(py, &ssa);
     let ops = objs.ops()?;
     let versions = objs.versions()?;
@@ -395,24 +396,23 @@ fn ssa_get_op_ids_in_path(
     outputs: Vec<(String, Version)>,
 ) -> PyResult<Vec<usize>> {
     let ssa = ssa_from_py(ssa)?;
-    Ok(py.detach(|| {
+    detach_guarded(py, "ssa_get_op_ids_in_path", || {
         let ins: Vec<(&str, Version)> = inputs.iter().map(|(n, v)| (n.as_str(), *v)).collect();
         let outs: Vec<(&str, Version)> = outputs.iter().map(|(n, v)| (n.as_str(), *v)).collect();
         ssa.op_ids_in_path(&ins, &outs)
-    }))
+    })
 }
 
 /// `{(name, version): (op, output_index)}` over the ops of `net`.
 #[pyfunction]
 fn graph_producer_map<'py>(py: Python<'py>, net: &[u8]) -> PyResult<Bound<'py, PyDict>> {
-    let (graph, map) = py
-        .detach(|| {
-            Graph::from_bytes(net).map(|g| {
-                let map = g.producer_map_by_value();
-                (g, map)
-            })
+    let (graph, map) = detach_guarded(py, "graph_producer_map", || {
+        Graph::from_bytes(net).map(|g| {
+            let map = g.producer_map_by_value();
+            (g, map)
         })
-        .py()?;
+    })
+    .py()?;
     let out = PyDict::new(py);
     let mut objs = Objects::new(py, graph.ssa());
     for (v, p) in map {
@@ -424,7 +424,7 @@ fn graph_producer_map<'py>(py: Python<'py>, net: &[u8]) -> PyResult<Bound<'py, P
 /// `{(name, version): [(op, input_index), ...]}` over the ops of `net`.
 #[pyfunction]
 fn graph_consumer_map<'py>(py: Python<'py>, net: &[u8]) -> PyResult<Bound<'py, PyDict>> {
-    let graph = py.detach(|| Graph::from_bytes(net)).py()?;
+    let graph = detach_guarded(py, "graph_consumer_map", || Graph::from_bytes(net)).py()?;
     let out = PyDict::new(py);
     let mut objs = Objects::new(py, graph.ssa());
     for (v, consumers) in graph.consumer_map_by_value() {
@@ -447,8 +447,10 @@ fn graph_rename_op_input<'py>(
     new_name: &str,
     at_producer: bool,
 ) -> PyResult<(Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>)> {
-    let (net, init) = py
-        .detach(|| -> ferrocaffe::Result<(Vec<u8>, Option<Vec<u8>>)> {
+    let (net, init) = detach_guarded(
+        py,
+        "graph_rename_op_input",
+        || -> ferrocaffe::Result<(Vec<u8>, Option<Vec<u8>>)> {
             let mut g = Graph::from_bytes(net)?;
             if let Some(init) = init_net {
                 g = g.with_init_net_bytes(init)?;
@@ -456,8 +458,9 @@ fn graph_rename_op_input<'py>(
             g.rename_op_input(op, input, new_name, at_producer)?;
             let init = g.init_net().map(|n| n.to_bytes()).transpose()?;
             Ok((g.net().to_bytes()?, init))
-        })
-        .py()?;
+        },
+    )
+    .py()?;
     Ok((PyBytes::new(py, &net), init.map(|b| PyBytes::new(py, &b))))
 }
 
@@ -470,13 +473,16 @@ fn graph_rename_op_output<'py>(
     output: usize,
     new_name: &str,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let out = py
-        .detach(|| -> ferrocaffe::Result<Vec<u8>> {
+    let out = detach_guarded(
+        py,
+        "graph_rename_op_output",
+        || -> ferrocaffe::Result<Vec<u8>> {
             let mut g = Graph::from_bytes(net)?;
             g.rename_op_output(op, output, new_name)?;
             g.net().to_bytes()
-        })
-        .py()?;
+        },
+    )
+    .py()?;
     Ok(PyBytes::new(py, &out))
 }
 
@@ -486,13 +492,16 @@ fn graph_remove_dead_end_ops<'py>(
     py: Python<'py>,
     net: &[u8],
 ) -> PyResult<(Bound<'py, PyBytes>, Vec<usize>)> {
-    let (out, removed) = py
-        .detach(|| -> ferrocaffe::Result<(Vec<u8>, Vec<usize>)> {
+    let (out, removed) = detach_guarded(
+        py,
+        "graph_remove_dead_end_ops",
+        || -> ferrocaffe::Result<(Vec<u8>, Vec<usize>)> {
             let mut g = Graph::from_bytes(net)?;
             let removed = g.remove_dead_end_ops();
             Ok((g.net().to_bytes()?, removed))
-        })
-        .py()?;
+        },
+    )
+    .py()?;
     Ok((PyBytes::new(py, &out), removed))
 }
 
@@ -503,13 +512,12 @@ fn graph_remove_ops<'py>(
     net: &[u8],
     ops: Vec<usize>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let out = py
-        .detach(|| -> ferrocaffe::Result<Vec<u8>> {
-            let mut g = Graph::from_bytes(net)?;
-            g.remove_ops(&ops)?;
-            g.net().to_bytes()
-        })
-        .py()?;
+    let out = detach_guarded(py, "graph_remove_ops", || -> ferrocaffe::Result<Vec<u8>> {
+        let mut g = Graph::from_bytes(net)?;
+        g.remove_ops(&ops)?;
+        g.net().to_bytes()
+    })
+    .py()?;
     Ok(PyBytes::new(py, &out))
 }
 
@@ -521,9 +529,10 @@ fn graph_sub_graph_io(
     net: &[u8],
     ops: Vec<usize>,
 ) -> PyResult<(Vec<(String, Version)>, Vec<(String, Version)>)> {
-    let io = py
-        .detach(|| Graph::from_bytes(net).and_then(|g| g.sub_graph_io(&ops)))
-        .py()?;
+    let io = detach_guarded(py, "graph_sub_graph_io", || {
+        Graph::from_bytes(net).and_then(|g| g.sub_graph_io(&ops))
+    })
+    .py()?;
     Ok((io.inputs, io.outputs))
 }
 
@@ -535,8 +544,10 @@ fn graph_find_chains(
     op_type: &str,
     min_length: usize,
 ) -> PyResult<Vec<Vec<usize>>> {
-    py.detach(|| Graph::from_bytes(net).map(|g| g.find_chains(op_type, min_length)))
-        .py()
+    detach_guarded(py, "graph_find_chains", || {
+        Graph::from_bytes(net).map(|g| g.find_chains(op_type, min_length))
+    })
+    .py()
 }
 
 /// The final version of each external output.
@@ -545,7 +556,7 @@ fn graph_versioned_external_outputs(
     py: Python<'_>,
     net: &[u8],
 ) -> PyResult<Vec<(String, Version)>> {
-    py.detach(|| {
+    detach_guarded(py, "graph_versioned_external_outputs", || {
         Graph::from_bytes(net).map(|g| {
             g.versioned_external_outputs()
                 .into_iter()

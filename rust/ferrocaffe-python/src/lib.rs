@@ -13,7 +13,7 @@ mod blob;
 mod errors;
 mod graph;
 
-use errors::IntoPy;
+use errors::{detach_guarded, IntoPy};
 mod workspace;
 
 /// The encoded `FileDescriptorSet` of caffe2.proto (used to build `caffe2_pb2`).
@@ -33,7 +33,7 @@ fn registered_operators() -> Vec<&'static str> {
 /// an unknown kind.
 #[pyfunction]
 fn roundtrip<'py>(py: Python<'py>, kind: &str, data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
-    let out = py.detach(|| ferrocaffe::proto::reencode(kind, data)).py()?;
+    let out = detach_guarded(py, "roundtrip", || ferrocaffe::proto::reencode(kind, data)).py()?;
     Ok(PyBytes::new(py, &out))
 }
 
