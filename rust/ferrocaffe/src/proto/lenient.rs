@@ -324,7 +324,7 @@ impl Scanner<'_> {
                 Some(kind) if kind.accepts(wt) => kind,
                 other => {
                     if other.is_some() {
-                        self.mistyped += 1;
+                        self.mistyped = self.mistyped.saturating_add(1);
                     }
                     if self.policy.keep_unknown {
                         raw(unknown);

@@ -126,6 +126,7 @@ fn read_varint_as(buf: &[u8], pos: &mut usize, strict: bool) -> Option<u64> {
     let at = *pos;
     if let Some(&b) = buf.get(at) {
         if b < 0x80 {
+            // `at` indexes `buf`: no overflow.
             *pos = at + 1;
             return Some(u64::from(b));
         }
@@ -143,6 +144,7 @@ fn varint_slow(buf: &[u8], pos: &mut usize, strict: bool) -> Option<u64> {
             if strict && i == 9 && b > 1 {
                 return None;
             }
+            // `start + i` indexes `buf`: no overflow.
             *pos = start + i + 1;
             return Some(value);
         }
