@@ -79,7 +79,8 @@ pub fn reencode(message: &str, bytes: &[u8]) -> Result<Vec<u8>> {
     f(bytes)
 }
 
-mod lenient;
+pub(crate) mod lenient;
+pub(crate) mod wire;
 
 /// Decodes a binary protobuf. Unknown fields are skipped (not preserved; see the README), and,
 /// as in protobuf's C++ and Python runtimes, so is a known field that arrives with the wrong

@@ -1,147 +1,48 @@
-//! Lenient protobuf parsing with the C++ runtime's rules, for DB records whose bytes may belong
-//! to another message type (a minidb read as a protodb, BlobProto bytes parsed as a TensorProto):
-//! a known field with an unexpected wire type is kept as an unknown field (dropped here) instead
-//! of failing; only malformed bytes, invalid wire types and missing required fields fail.
+//! Caffe2's DB records read as its C++ runtime reads them, for records whose bytes may belong
+//! to another message type (a minidb read as a protodb, BlobProto bytes parsed as a
+//! TensorProto): a known field with an unexpected wire type is kept as an unknown field
+//! instead of failing; only malformed bytes, invalid wire types and missing required fields
+//! fail, and a failed parse keeps what it read (ProtoDB writes it back).
 //!
+//! The parsing is the crate's one lenient decoder (`proto::lenient`, with its `RECORDS`
+//! policy) over its one wire layer (`proto::wire`), both hand-written because no protobuf
+//! crate keeps unknown fields and fails where the C++ runtime does (see `proto::wire`).
 //! [`sanitize`] rewrites bytes to the fields prost can decode for a schema.
 
 use prost::Message;
 
+use crate::proto::lenient::{self, Policy};
+use crate::proto::wire::{read_value, varint, Rules};
 use crate::proto::{BlobProto, TensorProto, TensorProtos};
 
-/// What a field holds.
-#[derive(Clone, Copy)]
-enum Kind {
-    /// varint scalar (or packed repeated varints when `repeated`).
-    Varint { repeated: bool },
-    /// 32-bit fixed (or packed).
-    Fixed32 { repeated: bool },
-    /// 64-bit fixed (or packed).
-    Fixed64 { repeated: bool },
-    /// bytes / string (strings get invalid UTF-8 replaced).
-    Bytes { utf8: bool },
-    /// A nested message.
-    Message(&'static Schema),
-}
-
-/// Field table of one message type.
+/// A message type a record is read as.
 pub struct Schema {
-    fields: &'static [(u32, Kind)],
-    required: &'static [u32],
+    /// Full name in `caffe2.proto`.
+    name: &'static str,
 }
-
-const SEGMENT: Schema = Schema {
-    fields: &[
-        (1, Kind::Varint { repeated: false }),
-        (2, Kind::Varint { repeated: false }),
-    ],
-    required: &[1, 2],
-};
-
-const DEVICE_OPTION: Schema = Schema {
-    fields: &[
-        (1, Kind::Varint { repeated: false }),
-        (2, Kind::Varint { repeated: false }),
-        (3, Kind::Varint { repeated: false }),
-        (4, Kind::Bytes { utf8: true }),
-        (5, Kind::Varint { repeated: false }),
-        (6, Kind::Bytes { utf8: true }),
-    ],
-    required: &[],
-};
 
 /// `caffe2.TensorProto`.
 pub const TENSOR: Schema = Schema {
-    fields: &[
-        (1, Kind::Varint { repeated: true }),
-        (2, Kind::Varint { repeated: false }),
-        (15, Kind::Varint { repeated: false }),
-        (3, Kind::Fixed32 { repeated: true }),
-        (4, Kind::Varint { repeated: true }),
-        (5, Kind::Bytes { utf8: false }),
-        (6, Kind::Bytes { utf8: false }),
-        (9, Kind::Fixed64 { repeated: true }),
-        (10, Kind::Varint { repeated: true }),
-        (13, Kind::Bytes { utf8: false }),
-        (7, Kind::Bytes { utf8: true }),
-        (8, Kind::Message(&DEVICE_OPTION)),
-        (11, Kind::Message(&SEGMENT)),
-    ],
-    required: &[],
+    name: "caffe2.TensorProto",
 };
 
 /// `caffe2.TensorProtos`.
 pub const TENSORS: Schema = Schema {
-    fields: &[(1, Kind::Message(&TENSOR))],
-    required: &[],
+    name: "caffe2.TensorProtos",
 };
 
-/// `caffe2.BlobProto` (the quantized tensor field is dropped).
+/// `caffe2.BlobProto` (the quantized tensor field is not read: it is kept as unknown).
 pub const BLOB: Schema = Schema {
-    fields: &[
-        (1, Kind::Bytes { utf8: true }),
-        (2, Kind::Bytes { utf8: true }),
-        (3, Kind::Message(&TENSOR)),
-        (4, Kind::Bytes { utf8: false }),
-        (6, Kind::Varint { repeated: false }),
-        (7, Kind::Varint { repeated: false }),
-    ],
-    required: &[],
+    name: "caffe2.BlobProto",
 };
 
-fn varint(b: &[u8], pos: &mut usize) -> Option<u64> {
-    let mut v = 0u64;
-    for shift in (0..70).step_by(7) {
-        let byte = *b.get(*pos)?;
-        *pos += 1;
-        if shift < 64 {
-            v |= u64::from(byte & 0x7f) << shift;
-        }
-        if byte & 0x80 == 0 {
-            return Some(v);
-        }
-    }
-    None
-}
-
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    loop {
-        let byte = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
-}
-
-/// Skips one field value of wire type `wt`, returning its bytes range; None when malformed.
-fn skip(b: &[u8], pos: &mut usize, wt: u32) -> Option<(usize, usize)> {
-    let start = *pos;
-    match wt {
-        0 => {
-            varint(b, pos)?;
-        }
-        1 => *pos = pos.checked_add(8).filter(|&p| p <= b.len())?,
-        2 => {
-            let len = usize::try_from(varint(b, pos)?).ok()?;
-            let s = *pos;
-            *pos = s.checked_add(len).filter(|&p| p <= b.len())?;
-            return Some((s, *pos));
-        }
-        5 => *pos = pos.checked_add(4).filter(|&p| p <= b.len())?,
-        _ => return None,
-    }
-    Some((start, *pos))
-}
-
-/// The next field of `b` at `pos`: `(field, wire type, value start, value end)`.
+/// The next field of `b` at `pos`: `(field, wire type, value start, value end)`, the value
+/// being the payload of a length-delimited field; None when malformed (groups included).
 pub fn next_field(b: &[u8], pos: &mut usize) -> Option<(u32, u32, usize, usize)> {
     let key = varint(b, pos)?;
-    let wt = (key & 7) as u32;
-    let (s, e) = skip(b, pos, wt)?;
-    Some(((key >> 3) as u32, wt, s, e))
+    let wt = (key & 7) as u8;
+    let value = read_value(b, pos, (key >> 3) as u32, wt, Rules::NO_GROUPS).ok()?;
+    Some(((key >> 3) as u32, u32::from(wt), value.start, value.end))
 }
 
 /// Result of scanning a message: the fields prost can decode, the unknown (or mismatched)
@@ -167,111 +68,20 @@ pub fn scan_stream(b: &[u8], schema: &Schema) -> Scan {
 }
 
 fn scan_with(b: &[u8], schema: &Schema, stream: bool) -> Scan {
-    let mut out = Vec::with_capacity(b.len());
-    let mut unknown = Vec::new();
-    let mut pos = 0;
-    let mut seen_required: Vec<u32> = Vec::new();
-    let fail = |out: Vec<u8>, unknown: Vec<u8>| Scan {
-        known: out,
-        unknown,
-        ok: false,
+    let Some((tables, id)) =
+        lenient::Schema::records().and_then(|t| Some((t, t.message(schema.name)?)))
+    else {
+        return Scan {
+            known: Vec::new(),
+            unknown: Vec::new(),
+            ok: false,
+        };
     };
-    while pos < b.len() {
-        let Some(key) = varint(b, &mut pos) else {
-            return fail(out, unknown);
-        };
-        let (field, wt) = ((key >> 3) as u32, (key & 7) as u32);
-        if stream && (key == 0 || wt == 4) {
-            break;
-        }
-        if field == 0 {
-            return fail(out, unknown);
-        }
-        let field_start = pos;
-        let Some((s, e)) = skip(b, &mut pos, wt) else {
-            return fail(out, unknown);
-        };
-        let raw = |dst: &mut Vec<u8>| {
-            put_varint(dst, key);
-            if wt == 2 {
-                put_varint(dst, (e - s) as u64);
-            }
-            dst.extend_from_slice(&b[s..e]);
-        };
-        let _ = field_start;
-        let Some(&(_, kind)) = schema.fields.iter().find(|(f, _)| *f == field) else {
-            raw(&mut unknown);
-            continue;
-        };
-        let matches = match kind {
-            Kind::Varint { repeated } => wt == 0 || (repeated && wt == 2),
-            Kind::Fixed32 { repeated } => wt == 5 || (repeated && wt == 2),
-            Kind::Fixed64 { repeated } => wt == 1 || (repeated && wt == 2),
-            Kind::Bytes { .. } | Kind::Message(_) => wt == 2,
-        };
-        if !matches {
-            raw(&mut unknown);
-            continue;
-        }
-        if schema.required.contains(&field) {
-            seen_required.push(field);
-        }
-        match kind {
-            Kind::Message(inner) => {
-                let sub = scan(&b[s..e], inner);
-                if !sub.ok {
-                    return fail(out, unknown);
-                }
-                let mut body = sub.known;
-                body.extend_from_slice(&sub.unknown);
-                put_varint(&mut out, key);
-                put_varint(&mut out, body.len() as u64);
-                out.extend_from_slice(&body);
-            }
-            Kind::Bytes { utf8: true } => {
-                let text = String::from_utf8_lossy(&b[s..e]).into_owned();
-                put_varint(&mut out, key);
-                put_varint(&mut out, text.len() as u64);
-                out.extend_from_slice(text.as_bytes());
-            }
-            Kind::Varint { .. } | Kind::Fixed32 { .. } | Kind::Fixed64 { .. } if wt == 2 => {
-                // Packed values must split evenly into whole elements. Like the C++ runtime,
-                // a parse that fails inside the list keeps the whole elements before the
-                // failure (ProtoDB writes them back when it closes).
-                let body = &b[s..e];
-                let whole_len = match kind {
-                    Kind::Fixed32 { .. } => body.len() - body.len() % 4,
-                    Kind::Fixed64 { .. } => body.len() - body.len() % 8,
-                    _ => {
-                        let mut p = 0;
-                        let mut last = 0;
-                        while p < body.len() {
-                            if varint(body, &mut p).is_none() {
-                                break;
-                            }
-                            last = p;
-                        }
-                        last
-                    }
-                };
-                if whole_len < body.len() {
-                    if whole_len > 0 {
-                        put_varint(&mut out, key);
-                        put_varint(&mut out, whole_len as u64);
-                        out.extend_from_slice(&body[..whole_len]);
-                    }
-                    return fail(out, unknown);
-                }
-                raw(&mut out);
-            }
-            _ => raw(&mut out),
-        }
-    }
-    let ok = schema.required.iter().all(|r| seen_required.contains(r));
+    let s = lenient::scan(tables, id, b, Policy::RECORDS, stream);
     Scan {
-        known: out,
-        unknown,
-        ok,
+        known: s.known,
+        unknown: s.unknown,
+        ok: s.ok,
     }
 }
 

@@ -9,12 +9,16 @@
 
 use super::intern::{BlobId, Names};
 use super::ssa::{Slot, Ssa, ValueId, Version};
-use super::wire::quick::{skip, string, varint};
+use super::wire::quick::{len_delimited, skip, split_key, string, tag, varint};
 use super::wire::{NET_EXTERNAL_INPUT, NET_EXTERNAL_OUTPUT, NET_OP, OP_INPUT, OP_OUTPUT};
 use crate::graph::FxHashMap;
+use crate::proto::wire::LEN;
 
-const LEN: u64 = 2;
-const OP_TYPE: u64 = 4;
+const OP_TYPE: u32 = 4;
+/// The keys of an op's inputs, outputs and type (length-delimited): one byte each.
+const KEY_INPUT: u64 = (OP_INPUT as u64) << 3 | LEN as u64;
+const KEY_OUTPUT: u64 = (OP_OUTPUT as u64) << 3 | LEN as u64;
+const KEY_TYPE: u64 = (OP_TYPE as u64) << 3 | LEN as u64;
 const NONE: u32 = u32::MAX;
 
 /// Ops interned per batch: their names are hashed and their table slots touched together,
@@ -31,8 +35,9 @@ struct Outline<'b> {
     external_outputs: Vec<&'b str>,
 }
 
-/// The ops and external inputs and outputs, if the net is plainly well-formed and its
-/// external inputs and outputs follow its ops (as protobuf writes them).
+/// The ops and external inputs and outputs, if the net is plainly well-formed, its external
+/// inputs and outputs follow its ops and its external inputs precede its external outputs (as
+/// protobuf writes them).
 fn outline(bytes: &[u8]) -> Option<Outline<'_>> {
     u32::try_from(bytes.len()).ok()?;
     let mut out = Outline {
@@ -42,23 +47,26 @@ fn outline(bytes: &[u8]) -> Option<Outline<'_>> {
     };
     let mut pos = 0;
     while pos < bytes.len() {
-        let key = varint(bytes, &mut pos)?;
-        let (field, wire) = (key >> 3, key & 7);
-        if field == 0 {
-            return None;
-        }
-        match u32::try_from(field).ok()? {
+        // Field numbers checked as the checked reader checks them.
+        let (field, wire) = tag(bytes, &mut pos)?;
+        match field {
             NET_OP | NET_EXTERNAL_INPUT | NET_EXTERNAL_OUTPUT if wire != LEN => return None,
             NET_OP => {
                 if !out.external_inputs.is_empty() || !out.external_outputs.is_empty() {
                     return None;
                 }
-                out.ops
-                    .push(super::wire::quick::len_delimited(bytes, &mut pos)?);
+                out.ops.push(len_delimited(bytes, &mut pos)?);
             }
-            NET_EXTERNAL_INPUT => out.external_inputs.push(string(bytes, &mut pos)?),
+            NET_EXTERNAL_INPUT => {
+                // The checked reader interns names in wire order; this pass interns the
+                // external inputs before the external outputs.
+                if !out.external_outputs.is_empty() {
+                    return None;
+                }
+                out.external_inputs.push(string(bytes, &mut pos)?);
+            }
             NET_EXTERNAL_OUTPUT => out.external_outputs.push(string(bytes, &mut pos)?),
-            _ => skip(bytes, &mut pos, wire)?,
+            _ => skip(bytes, &mut pos, u64::from(wire))?,
         }
     }
     Some(out)
@@ -72,25 +80,28 @@ fn scan_op<'b>(op: &'b [u8], names: &mut Vec<&'b str>, outs: &mut Vec<&'b str>) 
     outs.clear();
     let mut pos = 0;
     while pos < op.len() {
-        let key = varint(op, &mut pos)?;
-        let (field, wire) = (key >> 3, key & 7);
-        match field {
-            0 => return None,
-            1 | 2 | OP_TYPE => {
-                if wire != LEN {
+        // Dispatched on the whole key: the common fields need no more decoding.
+        match varint(op, &mut pos)? {
+            KEY_INPUT => {
+                let s = string(op, &mut pos)?;
+                if !outs.is_empty() {
                     return None;
                 }
-                let s = string(op, &mut pos)?;
-                if field == u64::from(OP_INPUT) {
-                    if !outs.is_empty() {
-                        return None;
-                    }
-                    names.push(s);
-                } else if field == u64::from(OP_OUTPUT) {
-                    outs.push(s);
-                }
+                names.push(s);
             }
-            _ => skip(op, &mut pos, wire)?,
+            KEY_OUTPUT => outs.push(string(op, &mut pos)?),
+            KEY_TYPE => {
+                string(op, &mut pos)?;
+            }
+            key => {
+                // Field numbers checked as the checked reader checks them; an input, output
+                // or type with another wire type is its error to report.
+                let (field, wire) = split_key(key)?;
+                if matches!(field, OP_INPUT | OP_OUTPUT | OP_TYPE) {
+                    return None;
+                }
+                skip(op, &mut pos, u64::from(wire))?;
+            }
         }
     }
     let n_in = names.len() - start;
@@ -432,5 +443,30 @@ mod tests {
         let bad_type = [0x12u8, 0x02, 0x20, 0x01];
         assert!(ssa_from_bytes(&bad_type, &[]).is_none());
         assert!(Ssa::from_bytes(&bad_type, None::<(&str, Version)>).is_err());
+    }
+
+    #[test]
+    fn external_outputs_before_external_inputs_go_to_the_checked_reader() {
+        // external_output "y", then external_input "x": the checked reader interns y first.
+        let bytes = [0x42u8, 0x01, b'y', 0x3a, 0x01, b'x'];
+        assert!(ssa_from_bytes(&bytes, &[]).is_none());
+        let ssa = Ssa::from_bytes(&bytes, None::<(&str, Version)>).unwrap();
+        same(&ssa, &checked(&bytes, &[]));
+        assert_eq!(ssa.names().iter().next().map(|(_, n)| n), Some("y"));
+    }
+
+    #[test]
+    fn field_numbers_beyond_29_bits_are_errors_as_in_the_checked_reader() {
+        // A varint field numbered 2^29 (a 33-bit key), in the net and inside an op.
+        let wide = [0x80u8, 0x80, 0x80, 0x80, 0x10, 0x01];
+        let mut top = encode(&net(1, 5, true));
+        top.extend_from_slice(&wide);
+        let mut in_op = vec![0x12u8, wide.len() as u8];
+        in_op.extend_from_slice(&wide);
+        for bytes in [top, in_op] {
+            assert!(NetIo::from_bytes(&bytes).is_err());
+            assert!(ssa_from_bytes(&bytes, &[]).is_none());
+            assert!(Ssa::from_bytes(&bytes, None::<(&str, Version)>).is_err());
+        }
     }
 }

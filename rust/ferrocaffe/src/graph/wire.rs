@@ -6,16 +6,23 @@
 //! and every op lies, so an edited net can be written back by copying the untouched bytes
 //! ([`NetLayout`]). Decoding a 100k-op net this way costs a few milliseconds; a full decode
 //! into `NetDef` costs ten times that.
+//!
+//! The wire format itself (varints, keys, values, and why it is read by hand) is the crate's
+//! one wire layer, `proto::wire`; this module adds what a NetDef means, and its error texts.
 
 use crate::error::{Error, Result};
+use crate::proto::wire::{fields_in, read_len, read_tag, read_value, utf8 as str_of, Rules};
+use crate::proto::wire::{WireError, LEN};
 
-/// Wire types of the protobuf encoding.
-const VARINT: u8 = 0;
-const I64: u8 = 1;
-const LEN: u8 = 2;
-const SGROUP: u8 = 3;
-const EGROUP: u8 = 4;
-const I32: u8 = 5;
+/// Appends a length-delimited field.
+pub(crate) use crate::proto::wire::put_len_field;
+
+/// `Option`-returning readers for fast paths that hand anything unusual (malformed bytes,
+/// groups) back to the checked readers here, which report it.
+pub(crate) use crate::proto::wire::quick;
+
+/// C++ varints, groups skipped up to 65 deep.
+const RULES: Rules = Rules::NET;
 
 /// `NetDef` field numbers used here.
 pub(crate) const NET_OP: u32 = 2;
@@ -72,111 +79,8 @@ fn malformed(reason: String) -> Error {
 }
 
 #[cold]
-fn truncated_varint(pos: usize) -> Error {
-    malformed(format!("truncated or over-long varint at byte {pos}"))
-}
-
-#[inline(always)]
-fn read_varint(buf: &[u8], pos: &mut usize) -> Result<u64> {
-    // One-byte varints (tags, short lengths) are by far the most common.
-    if let Some(&b) = buf.get(*pos) {
-        if b < 0x80 {
-            *pos += 1;
-            return Ok(u64::from(b));
-        }
-    }
-    read_varint_slow(buf, pos)
-}
-
-fn read_varint_slow(buf: &[u8], pos: &mut usize) -> Result<u64> {
-    let start = *pos;
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let Some(&b) = buf.get(*pos) else {
-            return Err(truncated_varint(start));
-        };
-        *pos += 1;
-        value |= u64::from(b & 0x7f) << shift;
-        if b < 0x80 {
-            return Ok(value);
-        }
-    }
-    Err(truncated_varint(start))
-}
-
-#[cold]
-fn past_end(len: u64, start: usize, total: usize) -> Error {
-    malformed(format!(
-        "length {len} at byte {start} runs past the end ({total} bytes)"
-    ))
-}
-
-/// Reads a length prefix and returns the payload range.
-#[inline(always)]
-fn read_len(buf: &[u8], pos: &mut usize) -> Result<std::ops::Range<usize>> {
-    let len = read_varint(buf, pos)?;
-    let start = *pos;
-    let end = usize::try_from(len)
-        .ok()
-        .and_then(|l| start.checked_add(l))
-        .filter(|&e| e <= buf.len())
-        .ok_or_else(|| past_end(len, start, buf.len()))?;
-    *pos = end;
-    Ok(start..end)
-}
-
-#[inline]
-fn read_tag(buf: &[u8], pos: &mut usize) -> Result<(u32, u8)> {
-    let at = *pos;
-    let key = read_varint(buf, pos)?;
-    let field = key >> 3;
-    if field == 0 || field > u64::from(u32::MAX >> 3) {
-        return Err(malformed(format!(
-            "invalid field number {field} at byte {at}"
-        )));
-    }
-    Ok((field as u32, (key & 7) as u8))
-}
-
-/// Skips the value of a field of wire type `wire` (whose tag was just read).
-fn skip_value(buf: &[u8], pos: &mut usize, field: u32, wire: u8, depth: u32) -> Result<()> {
-    match wire {
-        VARINT => {
-            read_varint(buf, pos)?;
-        }
-        I64 | I32 => {
-            let n = if wire == I64 { 8 } else { 4 };
-            if *pos + n > buf.len() {
-                return Err(malformed(format!("truncated fixed-width field {field}")));
-            }
-            *pos += n;
-        }
-        LEN => {
-            read_len(buf, pos)?;
-        }
-        SGROUP => {
-            if depth > 64 {
-                return Err(malformed("groups nested too deeply".into()));
-            }
-            loop {
-                let (f, w) = read_tag(buf, pos)?;
-                if w == EGROUP {
-                    if f != field {
-                        return Err(malformed(format!("group {field} closed by end-group {f}")));
-                    }
-                    break;
-                }
-                skip_value(buf, pos, f, w, depth + 1)?;
-            }
-        }
-        _ => {
-            return Err(malformed(format!(
-                "invalid wire type {wire} for field {field} before byte {}",
-                *pos
-            )))
-        }
-    }
-    Ok(())
+fn wire_error(e: WireError) -> Error {
+    malformed(e.to_string())
 }
 
 #[inline(always)]
@@ -185,12 +89,9 @@ fn utf8<'a>(
     range: std::ops::Range<usize>,
     what: &dyn Fn() -> String,
 ) -> Result<&'a str> {
-    let b = &buf[range];
-    if b.is_ascii() {
-        // SAFETY: ASCII bytes are valid UTF-8.
-        return Ok(unsafe { std::str::from_utf8_unchecked(b) });
-    }
-    std::str::from_utf8(b).map_err(|_| malformed(format!("{} is not valid UTF-8", what())))
+    buf.get(range)
+        .and_then(str_of)
+        .ok_or_else(|| malformed(format!("{} is not valid UTF-8", what())))
 }
 
 fn expect_len(wire: u8, what: &dyn Fn() -> String) -> Result<()> {
@@ -263,11 +164,11 @@ fn scan<V: NetVisitor>(
     let mut num_ops = 0;
     while pos < buf.len() {
         let start = pos;
-        let (field, wire) = read_tag(buf, &mut pos)?;
+        let (field, wire) = read_tag(buf, &mut pos, RULES).map_err(wire_error)?;
         match field {
             NET_OP => {
                 expect_len(wire, &|| format!("op #{num_ops}"))?;
-                let payload = read_len(buf, &mut pos)?;
+                let payload = read_len(buf, &mut pos, RULES).map_err(wire_error)?;
                 visitor.begin_op(num_ops);
                 scan_op(buf, payload.clone(), num_ops, visitor)?;
                 visitor.end_op();
@@ -288,7 +189,7 @@ fn scan<V: NetVisitor>(
                     "external_output"
                 };
                 expect_len(wire, &|| what.to_string())?;
-                let r = read_len(buf, &mut pos)?;
+                let r = read_len(buf, &mut pos, RULES).map_err(wire_error)?;
                 let name = utf8(buf, r, &|| format!("an {what} entry"))?;
                 if field == NET_EXTERNAL_INPUT {
                     visitor.external_input(name);
@@ -296,7 +197,9 @@ fn scan<V: NetVisitor>(
                     visitor.external_output(name);
                 }
             }
-            _ => skip_value(buf, &mut pos, field, wire, 0)?,
+            _ => {
+                read_value(buf, &mut pos, field, wire, RULES).map_err(wire_error)?;
+            }
         }
         if let Some(l) = layout.as_deref_mut() {
             l.fields.push((field, start as u32..pos as u32));
@@ -335,16 +238,13 @@ pub fn op_entries(buf: &[u8]) -> Result<OpEntries> {
         ops: Vec::with_capacity(buf.len() / 24 + 1),
         others: Vec::new(),
     };
-    let mut pos = 0;
-    while pos < buf.len() {
-        let start = pos;
-        let (field, wire) = read_tag(buf, &mut pos)?;
-        if field == NET_OP && wire == LEN {
-            read_len(buf, &mut pos)?;
-            out.ops.push(start..pos);
+    for f in fields_in(buf, 0..buf.len(), RULES) {
+        let f = f.map_err(wire_error)?;
+        let entry = f.start..f.value.end;
+        if f.number == NET_OP && f.wire == LEN {
+            out.ops.push(entry);
         } else {
-            skip_value(buf, &mut pos, field, wire, 0)?;
-            out.others.push(start..pos);
+            out.others.push(entry);
         }
     }
     Ok(out)
@@ -356,10 +256,11 @@ fn scan_op<V: NetVisitor>(
     index: usize,
     visitor: &mut V,
 ) -> Result<()> {
-    let op = &buf[..range.end];
+    // Offsets (in errors) stay those of `buf`.
+    let op = buf.get(..range.end).unwrap_or_default();
     let mut pos = range.start;
-    while pos < range.end {
-        let (field, wire) = read_tag(op, &mut pos)?;
+    while pos < op.len() {
+        let (field, wire) = read_tag(op, &mut pos, RULES).map_err(wire_error)?;
         match field {
             OP_INPUT | OP_OUTPUT | OP_TYPE => {
                 let what = || {
@@ -371,7 +272,7 @@ fn scan_op<V: NetVisitor>(
                     format!("op #{index} {f}")
                 };
                 expect_len(wire, &what)?;
-                let r = read_len(op, &mut pos)?;
+                let r = read_len(op, &mut pos, RULES).map_err(wire_error)?;
                 let s = utf8(op, r, &what)?;
                 match field {
                     OP_INPUT => visitor.op_input(s),
@@ -379,88 +280,13 @@ fn scan_op<V: NetVisitor>(
                     _ => visitor.op_type(s),
                 }
             }
-            _ => skip_value(op, &mut pos, field, wire, 0)
-                .map_err(|e| malformed(format!("in op #{index}: {e}")))?,
+            _ => {
+                read_value(op, &mut pos, field, wire, RULES)
+                    .map_err(|e| malformed(format!("in op #{index}: {}", wire_error(e))))?;
+            }
         }
     }
     Ok(())
-}
-
-/// `Option`-returning readers for fast paths that hand anything unusual (malformed bytes,
-/// groups) back to the checked readers above, which report it.
-pub(crate) mod quick {
-    /// A varint (at most 10 bytes).
-    #[inline(always)]
-    pub(crate) fn varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
-        let b = *buf.get(*pos)?;
-        *pos += 1;
-        if b < 0x80 {
-            return Some(u64::from(b));
-        }
-        let mut value = u64::from(b & 0x7f);
-        for shift in (7..64).step_by(7) {
-            let b = *buf.get(*pos)?;
-            *pos += 1;
-            value |= u64::from(b & 0x7f) << shift;
-            if b < 0x80 {
-                return Some(value);
-            }
-        }
-        None
-    }
-
-    /// A length-delimited payload.
-    #[inline(always)]
-    pub(crate) fn len_delimited<'b>(buf: &'b [u8], pos: &mut usize) -> Option<&'b [u8]> {
-        let len = usize::try_from(varint(buf, pos)?).ok()?;
-        let end = pos.checked_add(len).filter(|&e| e <= buf.len())?;
-        let s = &buf[*pos..end];
-        *pos = end;
-        Some(s)
-    }
-
-    /// A length-delimited UTF-8 string (ASCII checked quickly, anything else fully).
-    #[inline(always)]
-    pub(crate) fn string<'b>(buf: &'b [u8], pos: &mut usize) -> Option<&'b str> {
-        let b = len_delimited(buf, pos)?;
-        if b.is_ascii() {
-            // SAFETY: ASCII bytes are valid UTF-8.
-            Some(unsafe { std::str::from_utf8_unchecked(b) })
-        } else {
-            std::str::from_utf8(b).ok()
-        }
-    }
-
-    /// Skips a value of wire type `wire` (groups are left to the checked readers).
-    #[inline]
-    pub(crate) fn skip(buf: &[u8], pos: &mut usize, wire: u64) -> Option<()> {
-        match wire {
-            0 => varint(buf, pos).map(drop),
-            1 | 5 => {
-                let n = if wire == 1 { 8 } else { 4 };
-                *pos = pos.checked_add(n).filter(|&e| e <= buf.len())?;
-                Some(())
-            }
-            2 => len_delimited(buf, pos).map(drop),
-            _ => None,
-        }
-    }
-}
-
-/// Appends a varint.
-pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-/// Appends a length-delimited field.
-pub(crate) fn put_len_field(out: &mut Vec<u8>, field: u32, payload: &[u8]) {
-    put_varint(out, (u64::from(field) << 3) | u64::from(LEN));
-    put_varint(out, payload.len() as u64);
-    out.extend_from_slice(payload);
 }
 
 /// Rewrites an op payload with new inputs and outputs, keeping every other field byte for byte.
@@ -477,14 +303,10 @@ pub(crate) fn rewrite_op<'s>(
     for s in outputs {
         put_len_field(out, OP_OUTPUT, s.as_bytes());
     }
-    let op = &buf[..range.end];
-    let mut pos = range.start;
-    while pos < range.end {
-        let start = pos;
-        let (field, wire) = read_tag(op, &mut pos)?;
-        skip_value(op, &mut pos, field, wire, 0)?;
-        if field != OP_INPUT && field != OP_OUTPUT {
-            out.extend_from_slice(&op[start..pos]);
+    for f in fields_in(buf, range, RULES) {
+        let f = f.map_err(wire_error)?;
+        if f.number != OP_INPUT && f.number != OP_OUTPUT {
+            out.extend_from_slice(buf.get(f.start..f.value.end).unwrap_or_default());
         }
     }
     Ok(())
@@ -619,18 +441,5 @@ mod tests {
         assert_eq!(layout.fields.iter().filter(|(f, _)| *f == 100).count(), 4);
         // A group closed by the wrong field number is an error.
         assert!(scan_net(&[0xa3, 0x06, 0xac, 0x06], &mut Record::default()).is_err());
-    }
-
-    #[test]
-    fn varints_roundtrip() {
-        for v in [0u64, 1, 127, 128, 300, u32::MAX as u64, u64::MAX] {
-            let mut out = Vec::new();
-            put_varint(&mut out, v);
-            let mut pos = 0;
-            assert_eq!(read_varint(&out, &mut pos).unwrap(), v);
-            assert_eq!(pos, out.len());
-        }
-        let mut pos = 0;
-        assert!(read_varint(&[0xff; 11], &mut pos).is_err());
     }
 }
