@@ -16,7 +16,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         ("graph", &["error", "proto", "wire"][..]),
         (
             "autodiff",
-            &["error", "proto", "wire", "graph", "schema"][..],
+            &["error", "proto", "wire", "graph", "schema", "device"][..],
         ),
         ("device", &["error", "proto"][..]),
         ("tensor", &["error", "proto", "device"][..]),

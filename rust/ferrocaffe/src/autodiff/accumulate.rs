@@ -11,6 +11,7 @@
 use super::grad_ops::GradOpsAccess;
 use super::maker::GradRef;
 use super::scope::{int_arg, BackwardOptions};
+use crate::device::DeviceType;
 use crate::error::{Error, Result};
 use crate::proto::{DeviceOption, OperatorDef};
 
@@ -71,9 +72,12 @@ impl Generator {
 /// Caffe2's `device_option_equal` (node name and random seed ignored): both CPU, or the same
 /// device id.
 pub fn device_option_equal(a: &DeviceOption, b: &DeviceOption) -> bool {
-    let (ta, tb) = (a.device_type.unwrap_or(0), b.device_type.unwrap_or(0));
-    if ta == 0 || tb == 0 {
-        return ta == 0 && tb == 0;
+    let (ta, tb) = (
+        DeviceType::of_option(Some(a)),
+        DeviceType::of_option(Some(b)),
+    );
+    if ta == DeviceType::Cpu || tb == DeviceType::Cpu {
+        return ta == tb;
     }
     a.device_id.unwrap_or(0) == b.device_id.unwrap_or(0)
 }
@@ -384,11 +388,7 @@ mod tests {
         let gpu = |id| Generator::Dense {
             op: None,
             gradient: "g".into(),
-            device_option: DeviceOption {
-                device_type: Some(1),
-                device_id: Some(id),
-                ..Default::default()
-            },
+            device_option: crate::device::Device::Cuda(id).to_option(),
         };
         assert!(needs_sum(&[gpu(0), gpu(0)], "w").is_ok());
         assert!(needs_sum(&[gpu(0), gpu(1)], "w").is_err());
