@@ -47,7 +47,7 @@ pub fn run_plan(ws: &Arc<Workspace>, plan: &PlanDef) -> Result<()> {
     for net in &plan.network {
         let name = net.name().to_string();
         if defs.contains_key(&name) {
-            return Err(Error::Runtime(format!(
+            return Err(Error::BadArgument(format!(
                 "Your plan contains networks of the same name \"{name}\", which should not happen. Check your plan to see if you made a programming error in creating the plan."
             )));
         }
@@ -112,7 +112,7 @@ impl<'p> StepWrapper<'p> {
             self.ws.clone()
         };
         if !step.substep.is_empty() && !step.network.is_empty() {
-            return Err(Error::Runtime(
+            return Err(Error::Schema(
                 "An ExecutionStep should either have substep or networks but not both.".into(),
             ));
         }
@@ -145,14 +145,14 @@ impl<'p> StepWrapper<'p> {
         let should_stop = match &step.should_stop_blob {
             Some(name) => Some(
                 ws.get_blob(name)
-                    .ok_or_else(|| Error::Runtime(format!("blob {name} does not exist")))?,
+                    .ok_or_else(|| Error::MissingBlob(format!("blob {name} does not exist")))?,
             ),
             None => None,
         };
         let report_net = match &step.report_net {
             Some(name) => {
                 if step.report_interval.is_none() {
-                    return Err(Error::Runtime(
+                    return Err(Error::BadArgument(
                         "A report_interval must be provided if report_net is set.".into(),
                     ));
                 }
@@ -177,7 +177,7 @@ impl<'p> StepWrapper<'p> {
     fn net(&self, ws: &Arc<Workspace>, name: &str) -> Result<SharedNet> {
         let mut defs = self.defs.lock();
         let info = defs.get_mut(name).ok_or_else(|| {
-            Error::Runtime(format!(
+            Error::MissingBlob(format!(
                 "ExecutionStep {} uses undefined net {name}",
                 self.step.name()
             ))
@@ -187,19 +187,19 @@ impl<'p> StepWrapper<'p> {
             info.needs_override = false;
         }
         ws.get_net(name)
-            .ok_or_else(|| Error::Runtime(format!("Network {name} not found.")))
+            .ok_or_else(|| Error::MissingBlob(format!("Network {name} not found.")))
     }
 }
 
 fn continuation_test(step: &ExecutionStep) -> Result<ShouldContinue> {
     if step.should_stop_blob.is_some() && step.num_iter.is_some() {
-        return Err(Error::Runtime(
+        return Err(Error::BadArgument(
             "Must not specify num_iter if should_stop_blob is set".into(),
         ));
     }
     if step.should_stop_blob.is_none() {
         if step.only_once.is_some() {
-            return Err(Error::Runtime(format!(
+            return Err(Error::BadArgument(format!(
                 "only_once is not supported without should_stop_blob (step {})",
                 step.name()
             )));
@@ -232,7 +232,7 @@ fn should_stop(blob: &Option<BlobHandle>) -> Result<bool> {
     match &*b {
         Blob::Tensor(t) => match t.as_slice::<bool>() {
             Ok([v]) => Ok(*v),
-            _ => Err(Error::Runtime(format!(
+            _ => Err(Error::DtypeMismatch(format!(
                 "should_stop_blob expects a scalar boolean, got {t:?}"
             ))),
         },

@@ -673,7 +673,7 @@ impl Tensor {
         let start = self.offset * std::mem::size_of::<T>();
         let end = start + n * std::mem::size_of::<T>();
         if end > bytes.len() {
-            return Err(Error::Runtime(format!(
+            return Err(Error::ShapeMismatch(format!(
                 "tensor view [{start}, {end}) bytes exceeds its buffer of {} bytes",
                 bytes.len()
             )));
@@ -698,7 +698,7 @@ impl Tensor {
                     std::slice::from_raw_parts_mut(b.ptr.as_ptr().add(start).cast::<T>(), n)
                 })
             }
-            _ => Err(Error::Runtime(format!(
+            _ => Err(Error::ShapeMismatch(format!(
                 "tensor view [{start}, {end}) bytes exceeds its buffer"
             ))),
         }

@@ -229,7 +229,7 @@ impl Workspace {
         let mut fwd = HashMap::new();
         for (inner, outer) in bindings {
             if !parent.has_blob(outer) {
-                return Err(Error::Runtime(format!(
+                return Err(Error::MissingBlob(format!(
                     "Invalid parent workspace blob: {outer}"
                 )));
             }
@@ -254,7 +254,7 @@ impl Workspace {
     ) -> Result<()> {
         for (inner, outer) in bindings {
             if !parent.has_blob(outer) {
-                return Err(Error::Runtime(format!(
+                return Err(Error::MissingBlob(format!(
                     "Invalid parent workspace blob {outer}"
                 )));
             }
@@ -262,7 +262,7 @@ impl Workspace {
             match existing {
                 Some((ws, o)) => {
                     if !Arc::ptr_eq(&ws, parent) || &o != outer {
-                        return Err(Error::Runtime(format!("Redefinition of blob {inner}")));
+                        return Err(Error::BadArgument(format!("Redefinition of blob {inner}")));
                     }
                 }
                 None => {
@@ -270,7 +270,7 @@ impl Workspace {
                         if skip_defined {
                             continue;
                         }
-                        return Err(Error::Runtime(format!("Redefinition of blob {inner}")));
+                        return Err(Error::BadArgument(format!("Redefinition of blob {inner}")));
                     }
                     self.forwarded
                         .write()
@@ -291,7 +291,7 @@ impl Workspace {
             let t = match &*h.read() {
                 Blob::Tensor(t) => t.deep_copy(),
                 other => {
-                    return Err(Error::Runtime(format!(
+                    return Err(Error::DtypeMismatch(format!(
                         "Expected blob with tensor value {outer}, found {}",
                         other.type_name()
                     )))
@@ -385,7 +385,7 @@ impl Workspace {
         let b = h.read();
         match &*b {
             Blob::Tensor(t) => Ok(t.clone()),
-            other => Err(Error::Runtime(format!(
+            other => Err(Error::DtypeMismatch(format!(
                 "blob {name} holds {}, not a tensor",
                 other.type_name()
             ))),
@@ -403,7 +403,7 @@ impl Workspace {
     pub fn insert_net(&self, name: &str, net: SharedNet, overwrite: bool) -> Result<()> {
         let mut nets = self.nets.lock();
         if nets.contains_key(name) && !overwrite {
-            return Err(Error::Runtime(format!(
+            return Err(Error::BadArgument(format!(
                 "I respectfully refuse to overwrite an existing net of the same name \"{name}\", unless you explicitly specify overwrite=true."
             )));
         }
@@ -417,7 +417,7 @@ impl Workspace {
         let mut nets = self.nets.lock();
         if nets.contains_key(name) {
             if !overwrite {
-                return Err(Error::Runtime(format!(
+                return Err(Error::BadArgument(format!(
                     "I respectfully refuse to overwrite an existing net of the same name \"{name}\", unless you explicitly specify overwrite=true."
                 )));
             }

@@ -31,19 +31,19 @@ pub fn register(r: &mut Registry) {
 fn read_condition(h: &BlobHandle, op: &str) -> Result<bool> {
     let b = h.read();
     let t = b.tensor().ok_or_else(|| {
-        Error::Runtime(format!(
+        Error::DtypeMismatch(format!(
             "Invalid condition in {op} operator: tensor expected"
         ))
     })?;
     if t.numel() != 1 {
-        return Err(Error::Runtime(format!(
+        return Err(Error::ShapeMismatch(format!(
             "Invalid condition tensor in {op} operator: single value expected, got {} values",
             t.numel()
         )));
     }
     let v = t
         .as_slice::<bool>()
-        .map_err(|e| Error::Runtime(format!("Invalid condition in {op} operator: {e}")))?;
+        .map_err(|e| Error::DtypeMismatch(format!("Invalid condition in {op} operator: {e}")))?;
     Ok(v[0])
 }
 
