@@ -72,6 +72,7 @@ impl Names {
     ///
     /// # Panics
     /// If `id` was not issued by this table (a programming error, not a data error).
+    #[inline]
     pub fn name(&self, id: BlobId) -> &str {
         let i = id.index();
         let start = if i == 0 { 0 } else { self.ends[i - 1] };
@@ -172,6 +173,69 @@ impl Names {
             self.rehash(self.tags.len() * 2);
         }
         id
+    }
+
+    /// The id of the name of `base` followed by `suffix` (`<base><suffix>`), interning it if it
+    /// is new: [`Names::intern`] of the concatenation, built in place at the end of the arena
+    /// (no allocation of its own).
+    ///
+    /// ```
+    /// use ferrocaffe::graph::Names;
+    ///
+    /// let mut names = Names::default();
+    /// let x = names.intern("x");
+    /// let g = names.intern_suffixed(x, "_grad");
+    /// assert_eq!(names.name(g), "x_grad");
+    /// assert_eq!(names.intern_suffixed(x, "_grad"), g);
+    /// assert_eq!(names.intern("x_grad"), g);
+    /// ```
+    pub fn intern_suffixed(&mut self, base: BlobId, suffix: &str) -> BlobId {
+        if self.tags.is_empty() {
+            self.rehash(16);
+        }
+        let i = base.index();
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        let end = self.ends[i];
+        let tail = self.arena.len();
+        // Appended after the last name: `[tail, arena.len())` is the candidate.
+        self.arena.extend_from_within(start..end);
+        self.arena.push_str(suffix);
+        let h = hash_str(&self.arena[tail..]);
+        let slot = {
+            let name = &self.arena[tail..];
+            let mask = self.tags.len() - 1;
+            let tag = Self::tag(h);
+            let mut slot = (h as usize) & mask;
+            loop {
+                let t = self.tags[slot];
+                if t == 0 {
+                    break Err(slot);
+                }
+                if t == tag {
+                    let id = BlobId(self.slots[slot]);
+                    if self.name(id) == name {
+                        break Ok(id);
+                    }
+                }
+                slot = (slot + 1) & mask;
+            }
+        };
+        match slot {
+            Ok(id) => {
+                self.arena.truncate(tail);
+                id
+            }
+            Err(slot) => {
+                let id = BlobId(self.ends.len() as u32);
+                self.ends.push(self.arena.len());
+                self.tags[slot] = Self::tag(h);
+                self.slots[slot] = id.0;
+                if self.ends.len() * 8 > self.tags.len() * 7 {
+                    self.rehash(self.tags.len() * 2);
+                }
+                id
+            }
+        }
     }
 
     /// All `(id, name)` pairs in id order.
@@ -313,6 +377,28 @@ mod tests {
         assert_eq!(names.get(""), Some(e));
         let collected: Vec<&str> = names.iter().map(|(_, n)| n).collect();
         assert_eq!(collected, ["", "a", "aa", "a\0"]);
+    }
+
+    #[test]
+    fn suffixed_names_intern_as_their_concatenation() {
+        let mut names = Names::default();
+        let ids: Vec<BlobId> = (0..2000).map(|i| names.intern(&format!("b{i}"))).collect();
+        let pre = names.intern("b7_grad");
+        for (i, &id) in ids.iter().enumerate() {
+            let g = names.intern_suffixed(id, "_grad");
+            assert_eq!(names.name(g), format!("b{i}_grad"));
+            assert_eq!(names.get(&format!("b{i}_grad")), Some(g));
+            assert_eq!(names.intern_suffixed(id, "_grad"), g);
+        }
+        assert_eq!(names.intern_suffixed(ids[7], "_grad"), pre);
+        assert_eq!(names.len(), 4000);
+        let e = names.intern("");
+        assert_eq!(names.intern_suffixed(e, ""), e);
+        let mut empty = Names::default();
+        let a = empty.intern("a");
+        let same = empty.intern_suffixed(a, "");
+        assert_eq!(same, a);
+        assert_eq!(empty.len(), 1);
     }
 
     #[test]
