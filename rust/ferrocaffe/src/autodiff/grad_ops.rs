@@ -54,8 +54,6 @@ pub(crate) struct GradOps {
     buf: Vec<u8>,
     /// Output names of the serialized ops, concatenated, and where each ends.
     names: Option<(String, Vec<usize>)>,
-    /// Reused: the body of the op being serialized.
-    scratch: Vec<u8>,
 }
 
 impl GradOps {
@@ -67,7 +65,6 @@ impl GradOps {
             kept: Vec::with_capacity(capacity),
             buf: Vec::new(),
             names: None,
-            scratch: Vec::new(),
         }
     }
 
@@ -80,7 +77,6 @@ impl GradOps {
             kept: Vec::new(),
             buf: Vec::with_capacity(capacity * 64),
             names: names.then(|| (String::new(), Vec::with_capacity(capacity * 2))),
-            scratch: Vec::new(),
         }
     }
 
@@ -135,34 +131,42 @@ impl GradOps {
             self.push(op, pinned);
             return;
         }
-        let mut body = std::mem::take(&mut self.scratch);
-        body.clear();
+        // The op is written in place after its tag and a one-byte length, which is patched
+        // (and widened, for an op of 128 bytes or more) once the length is known.
+        let start = self.buf.len();
+        self.buf.push(0x12);
+        self.buf.push(0);
+        let body = &mut self.buf;
         for &id in inputs {
-            put_str(&mut body, 1, names.name(id));
+            put_str(body, 1, names.name(id));
         }
         for &id in outputs {
-            put_str(&mut body, 2, names.name(id));
+            put_str(body, 2, names.name(id));
         }
-        put_str(&mut body, 3, "");
-        put_str(&mut body, 4, op_type);
+        put_str(body, 3, "");
+        put_str(body, 4, op_type);
         if let Some(fwd) = fwd {
             for a in &fwd.arg {
-                prost::encoding::message::encode(5, a, &mut body);
+                prost::encoding::message::encode(5, a, body);
             }
             if let Some(d) = &fwd.device_option {
-                prost::encoding::message::encode(6, d, &mut body);
+                prost::encoding::message::encode(6, d, body);
             }
             if let Some(e) = &fwd.engine {
-                put_str(&mut body, 7, e);
+                put_str(body, 7, e);
             }
         }
         // Field 9 (`is_gradient_op`), varint: true.
         body.extend_from_slice(&[0x48, 0x01]);
-        let start = self.buf.len();
-        self.buf.push(0x12);
-        prost::encoding::encode_varint(body.len() as u64, &mut self.buf);
-        self.buf.extend_from_slice(&body);
-        self.scratch = body;
+        let len = self.buf.len() - start - 2;
+        if len < 0x80 {
+            self.buf[start + 1] = len as u8;
+        } else {
+            let mut prefix = Vec::with_capacity(10);
+            prost::encoding::encode_varint(len as u64, &mut prefix);
+            self.buf
+                .splice(start + 1..start + 2, prefix.iter().copied());
+        }
         self.entries
             .push(Entry::Done(start as u32, self.buf.len() as u32));
         if let Some((text, ends)) = &mut self.names {
@@ -193,7 +197,6 @@ impl GradOps {
             kept,
             buf,
             mut names,
-            ..
         } = self;
         let mut add_names = |op: &OperatorDef| {
             if let Some((text, ends)) = &mut names {
