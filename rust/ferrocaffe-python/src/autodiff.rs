@@ -625,7 +625,7 @@ fn time_backward_pass_net(
 /// (unsigned 64-bit little-endian integers).
 #[pyfunction]
 fn add_names(set: &Bound<'_, PySet>, names: &str, ends: &[u8]) -> PyResult<()> {
-    if ends.len() % 8 != 0 {
+    if !ends.len().is_multiple_of(8) {
         return Err(PyTypeError::new_err("ends must hold 8-byte offsets"));
     }
     let py = set.py();
