@@ -721,7 +721,16 @@ impl<'a> Ir<'a> {
         }
         self.register_blobs();
 
+        // The gradient names a maker makes (`<input>_grad`) are new names, whose table slots
+        // are cache misses in a large net: there, they are asked for a few ops ahead.
+        const AHEAD: usize = 6;
+        let prefetch = self.names.prefetch_pays();
         for k in (0..self.ops.len()).rev() {
+            if let Some(j) = k.checked_sub(AHEAD).filter(|_| prefetch) {
+                for p in self.in_start[j]..self.in_start[j + 1] {
+                    self.names.prefetch_suffixed(self.ins[p].0, "_grad");
+                }
+            }
             self.generate_for_op(k, &mut grads, all_ops, cx)?;
             self.accumulate(k, &mut grads, all_ops, cx)?;
         }

@@ -238,6 +238,34 @@ impl Names {
         }
     }
 
+    /// Whether the table is large enough for [`Names::prefetch_suffixed`] to pay (its slots
+    /// no longer fit in a core's cache).
+    pub fn prefetch_pays(&self) -> bool {
+        self.tags.len() >= 1 << 18
+    }
+
+    /// Starts loading the table slot where [`Names::intern_suffixed`]`(base, suffix)` will
+    /// look, so that a call a little later finds it in cache (a hint: nothing changes; names
+    /// longer than 64 bytes are skipped).
+    #[inline]
+    pub fn prefetch_suffixed(&self, base: BlobId, suffix: &str) {
+        if self.tags.is_empty() {
+            return;
+        }
+        let name = self.name(base).as_bytes();
+        let mut buf = [0u8; 64];
+        let n = name.len() + suffix.len();
+        if n > buf.len() {
+            return;
+        }
+        buf[..name.len()].copy_from_slice(name);
+        buf[name.len()..n].copy_from_slice(suffix.as_bytes());
+        let h = hash_bytes(&buf[..n]);
+        let slot = (h as usize) & (self.tags.len() - 1);
+        prefetch(self.tags[slot..].as_ptr());
+        prefetch(self.slots[slot..].as_ptr().cast());
+    }
+
     /// All `(id, name)` pairs in id order.
     pub fn iter(&self) -> impl Iterator<Item = (BlobId, &str)> + '_ {
         (0..self.len()).map(|i| {
@@ -336,10 +364,28 @@ pub type FxHashSet<K> = HashSet<K, FxBuild>;
 
 #[inline]
 fn hash_str(s: &str) -> u64 {
+    hash_bytes(s.as_bytes())
+}
+
+#[inline]
+fn hash_bytes(s: &[u8]) -> u64 {
     let mut h = FxHasher::default();
-    h.write(s.as_bytes());
+    h.write(s);
     h.add(s.len() as u64);
     h.finish()
+}
+
+/// Hints the CPU to bring the cache line at `p` in (no effect on other targets).
+#[inline]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch only hints the cache, for any address; SSE, which the intrinsic
+    // needs, is part of the x86_64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 #[cfg(test)]
@@ -391,6 +437,8 @@ mod tests {
             assert_eq!(names.intern_suffixed(id, "_grad"), g);
         }
         assert_eq!(names.intern_suffixed(ids[7], "_grad"), pre);
+        names.prefetch_suffixed(ids[3], "_grad");
+        names.prefetch_suffixed(ids[3], &"x".repeat(100));
         assert_eq!(names.len(), 4000);
         let e = names.intern("");
         assert_eq!(names.intern_suffixed(e, ""), e);
