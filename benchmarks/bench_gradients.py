@@ -14,7 +14,9 @@ in, serialized gradient ops and gradient map out, no Python object made; what
 ``examples/gradient_chain.rs`` times from Rust), and last the floor of that call's result: the
 time to build, from a finished run's output, only the Python objects it returns (the gradient
 ops parsed into the NetDef, and the gradient map of ``BlobReference`` keys and values built by
-the same native code as the real call, from names held natively) with nothing computed.
+the same native code as the real call, from names held natively) with nothing computed. The
+call itself returns the map held natively (``core.gradients.GradientMap``, a dict whose
+entries are made on first use): the map's part of the floor is paid then, not in the call.
 
 Times are the best of ``--repeat`` runs (wall clock, and CPU time of the calling thread where
 shown):
