@@ -309,14 +309,10 @@ impl OutputNames {
 /// Builds `BlobReference(name)` objects by calling the class's `tp_new` (`BlobName`'s, which
 /// stores the name) without its `__init__`, which for a plain name does nothing more. Any
 /// class deriving from `BlobName` is accepted.
-///
-/// The argument tuple is reused from call to call while nothing else holds it (`tp_new` does
-/// not keep it), which saves a tuple per reference.
 struct BlobRefs<'py> {
     py: Python<'py>,
     cls: Bound<'py, PyType>,
     new: pyo3::ffi::newfunc,
-    args: std::cell::RefCell<Option<Bound<'py, PyTuple>>>,
 }
 
 impl<'py> BlobRefs<'py> {
@@ -342,34 +338,11 @@ impl<'py> BlobRefs<'py> {
             py,
             cls: cls.clone(),
             new,
-            args: std::cell::RefCell::new(None),
         })
     }
 
-    /// A one-tuple holding `name`: the last one, its item replaced, if this is its only
-    /// holder; else a new one.
-    fn args(&self, name: Bound<'py, PyString>) -> PyResult<Bound<'py, PyTuple>> {
-        let mut cached = self.args.borrow_mut();
-        // SAFETY: reading the reference count of a live object.
-        let only_holder =
-            |t: &Bound<'py, PyTuple>| unsafe { pyo3::ffi::Py_REFCNT(t.as_ptr()) == 1 };
-        if let Some(t) = cached.as_ref().filter(|t| only_holder(t)) {
-            // SAFETY: `t` is a live 1-tuple that only this struct holds (reference count 1),
-            // which `PyTuple_SetItem` requires; it steals the reference to `name` and
-            // releases the item it replaces.
-            let rc = unsafe { pyo3::ffi::PyTuple_SetItem(t.as_ptr(), 0, name.into_ptr()) };
-            if rc == 0 {
-                return Ok(t.clone());
-            }
-            return Err(PyErr::fetch(self.py));
-        }
-        let t = PyTuple::new(self.py, [name])?;
-        *cached = Some(t.clone());
-        Ok(t)
-    }
-
     fn make(&self, name: Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
-        let args = self.args(name)?;
+        let args = PyTuple::new(self.py, [name])?;
         // SAFETY: calling the type's own `tp_new` with a live argument tuple and no keywords
         // is what `cls.__new__(cls, name)` does; the result is a new reference or null with an
         // exception set.
