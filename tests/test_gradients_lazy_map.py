@@ -109,3 +109,10 @@ def test_grad_ops_are_appended_as_with_the_list_api():
     net.AddGradientOperators(["loss"])
     appended = caffe2_pb2.NetDef(op=net.Proto().op[len(ops) :])
     assert appended == caffe2_pb2.NetDef(op=grad_ops)
+
+
+def test_net_outputs_rebuilt_when_missing():
+    net = _net()
+    net.AddGradientOperators(["loss"])
+    del net.__dict__["_op_outputs_set"]
+    assert net.BlobIsDefined("x_grad") and net.BlobIsDefined("fc")

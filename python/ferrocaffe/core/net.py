@@ -545,6 +545,9 @@ class Net:
     @property
     def _op_outputs(self):
         """The output names of the ops (a set), with those of the gradient ops added last."""
+        if "_op_outputs_set" not in self.__dict__:
+            # A net restored without it (pickled before the names were kept this way).
+            self._op_outputs_set = {o for op in self._net.op for o in op.output}
         pending = self.__dict__.get("_pending_op_outputs")
         if pending:
             from ferrocaffe.core.gradients import add_output_names
