@@ -297,6 +297,58 @@ pub(crate) fn verify_counts(
 mod tests {
     use super::*;
 
+    /// The interned makers give what the named ones give: each op's gradient ops in a backward
+    /// pass (made over ids) are those `gradient_for_op` makes with names, arguments, engine and
+    /// device option included.
+    #[test]
+    fn interned_and_named_makers_agree() {
+        use crate::autodiff::{
+            backward_pass, gradient_for_op, BackwardOptions, GradientContext, Registry,
+            UsedNetNames,
+        };
+        use crate::proto::{Argument, DeviceOption};
+        let cases: Vec<(&str, Vec<&str>, Vec<&str>)> = vec![
+            ("FC", vec!["x", "w", "b"], vec!["y"]),
+            ("Relu", vec!["x"], vec!["y"]),
+            ("Sum", vec!["x", "w", "v"], vec!["y"]),
+            ("Add", vec!["x", "w"], vec!["y"]),
+            ("Mul", vec!["x", "w"], vec!["y"]),
+            ("SumElements", vec!["x"], vec!["y"]),
+            ("Softmax", vec!["x"], vec!["y"]),
+            ("DotProduct", vec!["x", "w"], vec!["y"]),
+        ];
+        let registry = Registry::with_builtins();
+        for (k, (t, ins, outs)) in cases.into_iter().enumerate() {
+            let mut op = OperatorDef::new(t, ins, outs);
+            if k % 2 == 0 {
+                op.arg.push(Argument::int("axis", 1));
+                op.device_option = Some(DeviceOption {
+                    device_type: Some(1),
+                    device_id: Some(2),
+                    ..Default::default()
+                });
+                op.engine = Some("E".into());
+            }
+            let ys = vec![("y".to_string(), GradRef::Dense("y_g".into()))];
+            let (grad_ops, grads) = backward_pass(std::slice::from_ref(&op), &ys, &registry)
+                .unwrap_or_else(|e| panic!("{t}: {e}"));
+            let mut names = UsedNetNames::new();
+            let options = BackwardOptions::default();
+            let mut cx = GradientContext {
+                registry: &registry,
+                net_names: &mut names,
+                options: &options,
+            };
+            let named = gradient_for_op(&op, &[GradRef::Dense("y_g".into())], &mut cx).unwrap();
+            assert_eq!(grad_ops, named.ops, "{t}");
+            for (input, g) in op.input.iter().zip(&named.input_grads) {
+                if g.is_some() {
+                    assert_eq!(grads.get(input), Some(g), "{t} {input}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn wrapping_cases() {
         let mut names = Names::default();
