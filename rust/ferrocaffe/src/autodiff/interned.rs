@@ -349,6 +349,34 @@ mod tests {
         }
     }
 
+    /// Gradient names are not forward blobs: a second backward pass on the same IR, for a
+    /// blob it has not seen, still finds per-blob state for it.
+    #[test]
+    fn a_second_pass_on_one_ir_meets_new_blobs() {
+        use crate::autodiff::{BackwardOptions, GradientContext, Ir, Registry, UsedNetNames};
+        let ops = vec![
+            OperatorDef::new("Relu", ["x"], ["y"]),
+            OperatorDef::new("Relu", ["y"], ["z"]),
+        ];
+        let registry = Registry::with_builtins();
+        let options = BackwardOptions::default();
+        let mut names = UsedNetNames::new();
+        let mut cx = GradientContext {
+            registry: &registry,
+            net_names: &mut names,
+            options: &options,
+        };
+        let mut ir = Ir::new(&ops).unwrap();
+        let first = vec![("z".to_string(), GradRef::None)];
+        let (grad_ops, grads) = ir.backward(&first, &mut cx).unwrap();
+        assert_eq!(grad_ops.len(), 3);
+        assert_eq!(grads.get("x"), Some(&GradRef::Dense("x_grad".into())));
+        let second = vec![("w".to_string(), GradRef::None)];
+        let (grad_ops, _) = ir.backward(&second, &mut cx).unwrap();
+        assert_eq!(grad_ops.len(), 1);
+        assert!(!ir.state().frontier.is_empty());
+    }
+
     #[test]
     fn wrapping_cases() {
         let mut names = Names::default();

@@ -459,9 +459,7 @@ impl<'a> Ir<'a> {
     fn id(&mut self, name: &str) -> BlobId {
         let id = self.names.intern(name);
         if id.index() >= self.frontier.len() {
-            self.frontier.push(None);
-            self.read.push(false);
-            self.cur_slot.push(u32::MAX);
+            self.register_blobs();
         }
         id
     }
@@ -719,7 +717,9 @@ impl<'a> Ir<'a> {
                 },
             );
         }
-        self.register_blobs();
+
+        // Gradient names get ids past the forward blobs' (unless a forward blob has the same
+        // name): the per-blob state, which only forward blobs need, is not grown for them.
 
         // The gradient names a maker makes (`<input>_grad`) are new names, whose table slots
         // are cache misses in a large net: there, they are asked for a few ops ahead.
@@ -734,7 +734,6 @@ impl<'a> Ir<'a> {
             self.generate_for_op(k, &mut grads, all_ops, cx)?;
             self.accumulate(k, &mut grads, all_ops, cx)?;
         }
-        self.register_blobs();
 
         let name = |g: BlobId| self.names.name(g);
         let bytes = grads
@@ -842,7 +841,6 @@ impl<'a> Ir<'a> {
         } else {
             Some(self.make_named(k, fwd.as_deref(), type_index, cx)?)
         };
-        self.register_blobs();
 
         let base = all_ops.len();
         self.pins.clear();
@@ -1258,7 +1256,10 @@ impl<'a> Ir<'a> {
             .collect();
         let frontier = (0..self.names.len() as u32)
             .map(BlobId)
-            .filter_map(|id| self.frontier[id.index()].map(|v| (name(id), v)))
+            .filter_map(|id| {
+                let v = self.frontier.get(id.index()).copied().flatten();
+                v.map(|v| (name(id), v))
+            })
             .collect();
         let mut users: Vec<Vec<u32>> = vec![Vec::new(); self.slots.len()];
         let mut order: Vec<u32> = Vec::new();
