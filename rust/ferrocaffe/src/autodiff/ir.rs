@@ -9,10 +9,14 @@
 //! the gradients of blob versions read by several ops once the first reader is reached.
 //!
 //! Blob names are interned to dense ids; per-blob and per-version state lives in vectors, so a
-//! pass is linear in the size of the graph. The forward ops may be decoded `OperatorDef`s or
-//! serialized ones read in place (see `forward`: names borrowed from the bytes, one op decoded
-//! while its gradient is made), and the gradient ops may be serialized as soon as nothing can
-//! change them any more (see `grad_ops`), which keeps large passes small in memory.
+//! pass is linear in the size of the graph. Gradients are ids too ([`IdGrad`]), and so are the
+//! gradient ops of the makers that can make them over ids (see [`super::interned`]: the table
+//! makers of most op types); the ops of other makers are interned as they come. Every check
+//! and update of the pass compares ids; names are read back only to write the gradient ops
+//! and the gradient map out, once. The forward ops may be decoded `OperatorDef`s or serialized
+//! ones read in place (see `forward`: names borrowed from the bytes; an op with more than
+//! names decoded while its gradient is made), and the gradient ops are serialized as soon as
+//! nothing can change them any more (see `grad_ops`), which keeps large passes small in memory.
 
 use std::borrow::Cow;
 use std::sync::OnceLock;
