@@ -284,9 +284,11 @@ class GradientMap(dict):
     def _fill(self):
         pending = self._pending
         if pending is not None:
-            self._pending = None
+            # Filled before it is marked done: a thread that looks meanwhile fills it too
+            # (setting the same entries) rather than seeing it empty.
             with _no_gc():
                 pending.fill(self)
+            self._pending = None
         return self
 
     def __eq__(self, other):
