@@ -92,10 +92,21 @@ def backward_pass_net(
     device_scope: bytes | None = None,
     slice_type: type | None = None,
     blob_ref: type | None = None,
-    outputs: set[str] | None = None,
-) -> tuple[bytes, dict[object, object]]:
+    outputs: set[str] | list[tuple[str, bytes]] | None = None,
+    lazy: bool = False,
+) -> tuple[bytes, dict[object, object] | GradientMap]:
     """Backward pass of a serialized NetDef's ops from ``skip`` on: (gradient NetDef bytes,
-    grad map); the output names of the gradient ops are added to ``outputs`` if given."""
+    grad map). The output names of the gradient ops are added to ``outputs`` if it is a set,
+    or appended to it as one ``(names, ends)`` pair if it is a list (see ``add_names``). With
+    ``lazy``, the map is a ``GradientMap`` whose ``fill`` sets the entries in a dict."""
+
+def add_names(set: set[str], names: str, ends: bytes) -> None:
+    """Adds to ``set`` the names of a ``(names, ends)`` pair from ``backward_pass_net``: the
+    names concatenated, and the UTF-8 byte offset where each ends (u64 little-endian)."""
+
+def time_backward_pass_net(net: bytes, skip: int, ys: list[str], repeat: int = 1) -> float:
+    """Best time (seconds) of the Rust side alone of ``backward_pass_net`` (built-in makers,
+    no Python objects made), for ``benchmarks/bench_gradients.py``."""
 
 def gradient_for_op(
     op: bytes,
@@ -163,7 +174,12 @@ class BlobName:
 
 class GradientMap:
     """A gradient map held natively (``(blob, gradient)`` name pairs), converted to a dict by
-    the same code as ``backward_pass_net``'s result (for the benchmarks' result floor)."""
+    the same code as ``backward_pass_net``'s result: ``backward_pass_net(..., lazy=True)``
+    returns one, and the benchmarks' result floor makes one from names."""
 
     def __new__(cls, entries: list[tuple[str, str]]) -> GradientMap: ...
+    def __len__(self) -> int: ...
     def to_dict(self, slice_type: object = None, blob_ref: type | None = None) -> dict: ...
+    def fill(self, d: dict) -> None:
+        """Sets the entries in ``d`` (with the slice type and reference class of the call
+        that made this map)."""

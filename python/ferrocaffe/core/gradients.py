@@ -23,6 +23,7 @@ from ferrocaffe.core.blob import BlobReference, GradientSlice
 from ferrocaffe.proto import caffe2_pb2
 
 __all__ = [
+    "GradientMap",
     "GradientRegistry",
     "IR",
     "GradientWrapper",
@@ -263,11 +264,101 @@ def _backward(operators, ys, with_state, functions=None):
     return grad_ops, grads, state
 
 
+class GradientMap(dict):
+    """The gradient map of ``Net.AddGradientOperators``: a dict ``{BlobReference: gradient}``
+    whose entries are made, all at once, when it is first used (many thousands of references
+    for a large net, often looked at only in part, or not at all).
+
+    Every dict method sees the entries; so do ``dict(m)``, ``{**m}`` and ``d.update(m)``
+    (they go through ``keys()``), comparisons with other dicts, ``copy()`` (a plain dict), and
+    pickling and copying (which give a plain dict). Only C code reading the dict's storage
+    directly before any use would see it empty.
+    """
+
+    __slots__ = ("_pending",)
+
+    def __init__(self, pending=None):
+        super().__init__()
+        self._pending = pending
+
+    def _fill(self):
+        pending = self._pending
+        if pending is not None:
+            # Filled before it is marked done: a thread that looks meanwhile fills it too
+            # (setting the same entries) rather than seeing it empty.
+            with _no_gc():
+                pending.fill(self)
+            self._pending = None
+        return self
+
+    def __eq__(self, other):
+        if type(other) is GradientMap:
+            other._fill()
+        return dict.__eq__(self._fill(), other)
+
+    def __ne__(self, other):
+        if type(other) is GradientMap:
+            other._fill()
+        return dict.__ne__(self._fill(), other)
+
+    __hash__ = None
+
+    def __reduce_ex__(self, protocol):
+        return (dict, (dict(self._fill()),))
+
+    def __reduce__(self):
+        return self.__reduce_ex__(2)
+
+    def __copy__(self):
+        return dict(self._fill())
+
+
+def _filled(name):
+    base = getattr(dict, name)
+
+    def method(self, *args, **kwargs):
+        return base(self._fill(), *args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = base.__doc__
+    return method
+
+
+for _method in (
+    "__getitem__",
+    "__setitem__",
+    "__delitem__",
+    "__contains__",
+    "__iter__",
+    "__reversed__",
+    "__len__",
+    "__repr__",
+    "__or__",
+    "__ror__",
+    "__ior__",
+    "__sizeof__",
+    "get",
+    "keys",
+    "values",
+    "items",
+    "copy",
+    "pop",
+    "popitem",
+    "setdefault",
+    "update",
+    "clear",
+):
+    setattr(GradientMap, _method, _filled(_method))
+del _method
+
+
 def add_gradient_operators(net_proto, ys, skip=0, outputs=None):
     """Appends the gradient ops of ``net_proto.op[skip:]`` to the NetDef ``net_proto`` and
     returns the gradient map: what ``core.Net.AddGradientOperators(ys, skip)`` does, without
     creating a Python object per operator (the net crosses to Rust and back as one message).
-    With ``outputs`` (a set), the output names of the gradient ops are added to it.
+    With ``outputs`` (a set), the output names of the gradient ops are added to it; with a list,
+    they are appended to it as one ``(names, ends)`` pair for ``add_output_names`` to add to a
+    set later.
     """
     items = _ys_items(ys)
     ns, dev = _scopes()
@@ -284,9 +375,17 @@ def add_gradient_operators(net_proto, ys, skip=0, outputs=None):
             GradientSlice,
             BlobReference,
             outputs,
+            True,
         )
         net_proto.MergeFromString(grad_net)
-    return grads
+    return GradientMap(grads)
+
+
+def add_output_names(names, pending):
+    """Adds to the set ``names`` the output names held in the ``(names, ends)`` pairs that
+    ``add_gradient_operators`` appended to its ``outputs`` list ``pending``."""
+    for text, ends in pending:
+        _native.add_names(names, text, ends)
 
 
 def _gradient_for_op(op, g_output, functions):

@@ -535,7 +535,31 @@ class Net:
         or a dict blob -> given gradient / None) and return the blob -> gradient map."""
         from ferrocaffe.core.gradients import add_gradient_operators
 
-        return add_gradient_operators(self._net, ys, skip, outputs=self._op_outputs)
+        # The output names come back packed; `_op_outputs` takes them when it is next read.
+        pending = []
+        grads = add_gradient_operators(self._net, ys, skip, outputs=pending)
+        if pending:
+            self.__dict__.setdefault("_pending_op_outputs", []).extend(pending)
+        return grads
+
+    @property
+    def _op_outputs(self):
+        """The output names of the ops (a set), with those of the gradient ops added last."""
+        if "_op_outputs_set" not in self.__dict__:
+            # A net restored without it (pickled before the names were kept this way).
+            self._op_outputs_set = {o for op in self._net.op for o in op.output}
+        pending = self.__dict__.get("_pending_op_outputs")
+        if pending:
+            from ferrocaffe.core.gradients import add_output_names
+
+            add_output_names(self._op_outputs_set, pending)
+            pending.clear()
+        return self._op_outputs_set
+
+    @_op_outputs.setter
+    def _op_outputs(self, names):
+        self._op_outputs_set = names
+        self.__dict__.pop("_pending_op_outputs", None)
 
 
 def _run_all_on_gpu(net, gpu_id, use_cudnn):

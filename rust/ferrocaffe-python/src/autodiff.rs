@@ -9,8 +9,9 @@ use ferrocaffe::autodiff::net_bytes::{
     backward_pass_net_bytes, backward_pass_op_bytes, encode_ops_as_net, Extras,
 };
 use ferrocaffe::autodiff::{
-    gradient_for_op as core_gradient_for_op, BackwardOptions, Generator, GradRef, GradientContext,
-    GradientMaker, GradientOutput, Ir, IrState, NetNames, Registry, UsedNetNames,
+    gradient_for_op as core_gradient_for_op, BackwardOptions, Generator, GradMap, GradName,
+    GradRef, GradientContext, GradientMaker, GradientOutput, Ir, IrState, NetNames, Registry,
+    UsedNetNames,
 };
 use ferrocaffe::proto::{self, DeviceOption, OperatorDef};
 use pyo3::exceptions::PyTypeError;
@@ -242,12 +243,7 @@ fn state_to_py<'py>(py: Python<'py>, s: IrState) -> PyResult<Bound<'py, PyAny>> 
 
 /// The serialized gradient ops, the gradient map, the IR state if asked for, and the output
 /// names of the gradient ops if asked for.
-type BackwardResult = (
-    Vec<u8>,
-    Vec<(String, GradRef)>,
-    Option<IrState>,
-    Option<OutputNames>,
-);
+type BackwardResult = (Vec<u8>, GradMap, Option<IrState>, Option<OutputNames>);
 
 /// Where the forward ops come from: one serialized OperatorDef each, or a serialized NetDef
 /// whose ops from `skip` on are used.
@@ -284,7 +280,7 @@ fn run_backward(
         let outputs = out
             .output_names
             .map(|(text, ends)| OutputNames { text, ends });
-        Ok((out.net, out.grads.into_entries(), out.state, outputs))
+        Ok((out.net, out.grads, out.state, outputs))
     });
     result.py()
 }
@@ -362,11 +358,24 @@ impl<'py> BlobRefs<'py> {
 /// included) is a `BlobReference` of that class.
 fn grad_map_to_py<'py>(
     py: Python<'py>,
-    grad_map: &[(String, GradRef)],
+    grad_map: &GradMap,
     slice_type: Option<&Bound<'py, PyAny>>,
     blob_ref: Option<&Bound<'py, PyType>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
+    fill_dict(&d, grad_map, slice_type, blob_ref)?;
+    Ok(d)
+}
+
+/// Sets the entries of [`grad_map_to_py`]'s dict in `d` (with the dict's own storage
+/// functions: a dict subclass's methods are not called).
+fn fill_dict<'py>(
+    d: &Bound<'py, PyDict>,
+    grad_map: &GradMap,
+    slice_type: Option<&Bound<'py, PyAny>>,
+    blob_ref: Option<&Bound<'py, PyType>>,
+) -> PyResult<()> {
+    let py = d.py();
     let refs = blob_ref.map(BlobRefs::new).transpose()?;
     let name = |n: &str| -> PyResult<Bound<'py, PyAny>> {
         let s = PyString::new(py, n);
@@ -375,12 +384,12 @@ fn grad_map_to_py<'py>(
             None => Ok(s.into_any()),
         }
     };
-    for (b, g) in grad_map {
+    for (b, g) in grad_map.iter() {
         let key = name(b)?;
         let value = match g {
-            GradRef::None => py.None().into_bound(py),
-            GradRef::Dense(n) => name(n)?,
-            GradRef::Sparse { indices, values } => {
+            GradName::None => py.None().into_bound(py),
+            GradName::Dense(n) => name(n)?,
+            GradName::Sparse(indices, values) => {
                 let (i, v) = (name(indices)?, name(values)?);
                 match slice_type {
                     Some(t) => t.call1((i, v))?,
@@ -390,7 +399,7 @@ fn grad_map_to_py<'py>(
         };
         d.set_item(key, value)?;
     }
-    Ok(d)
+    Ok(())
 }
 
 /// The backward pass of serialized forward ops: `(serialized NetDef of the gradient ops,
@@ -437,12 +446,16 @@ fn backward_pass<'py>(
 
 /// The backward pass of the ops of a serialized NetDef from `skip` on: `(serialized NetDef
 /// holding only the gradient ops, {blob: gradient})`. With `blob_ref`, the names of the map are
-/// `BlobReference`s of that class; with `outputs` (a set), every output name of the gradient
-/// ops is added to it.
+/// `BlobReference`s of that class. With `outputs`, the output names of the gradient ops: a set
+/// has every one added to it; a list has them appended as one `(names, ends)` pair (the names
+/// concatenated, and where each ends, see [`add_names`]), for a set to take later. With
+/// `lazy`, the map comes back as a [`GradientMap`] holding it natively, with the slice type
+/// and reference class, for its `fill` to set the entries in a dict when they are first
+/// needed.
 #[pyfunction]
 #[pyo3(signature = (net, skip, ys, functions=Vec::new(), adapter=None, next_net_name=None,
                     name_scope=String::new(), device_scope=None, slice_type=None,
-                    blob_ref=None, outputs=None))]
+                    blob_ref=None, outputs=None, lazy=false))]
 #[allow(clippy::too_many_arguments)]
 fn backward_pass_net<'py>(
     py: Python<'py>,
@@ -456,8 +469,9 @@ fn backward_pass_net<'py>(
     device_scope: Option<PyBackedBytes>,
     slice_type: Option<Bound<'py, PyAny>>,
     blob_ref: Option<Bound<'py, PyType>>,
-    outputs: Option<Bound<'py, PySet>>,
-) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>)> {
+    outputs: Option<Bound<'py, PyAny>>,
+    lazy: bool,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyAny>)> {
     let ys = ys_from_py(&ys)?;
     let s = setup(
         py,
@@ -470,15 +484,36 @@ fn backward_pass_net<'py>(
     let with_outputs = outputs.is_some();
     let (bytes, grad_map, _, names) =
         run_backward(py, Forward::Net(net, skip), ys, s, false, with_outputs)?;
-    if let (Some(set), Some(names)) = (&outputs, &names) {
-        for name in names.iter() {
-            set.add(PyString::new(py, name))?;
+    if let (Some(target), Some(names)) = (&outputs, &names) {
+        if let Ok(set) = target.cast::<PySet>() {
+            for name in names.iter() {
+                set.add(PyString::new(py, name))?;
+            }
+        } else if let Ok(list) = target.cast::<PyList>() {
+            let ends: Vec<u8> = names
+                .ends
+                .iter()
+                .flat_map(|&e| (e as u64).to_le_bytes())
+                .collect();
+            list.append((PyString::new(py, &names.text), PyBytes::new(py, &ends)))?;
+        } else {
+            return Err(PyTypeError::new_err(format!(
+                "outputs must be a set or a list, not {}",
+                target.get_type().name()?
+            )));
         }
     }
-    Ok((
-        PyBytes::new(py, &bytes),
-        grad_map_to_py(py, &grad_map, slice_type.as_ref(), blob_ref.as_ref())?,
-    ))
+    let map = if lazy {
+        let held = GradientMap {
+            map: grad_map,
+            slice_type: slice_type.map(Bound::unbind),
+            blob_ref: blob_ref.map(Bound::unbind),
+        };
+        Bound::new(py, held)?.into_any()
+    } else {
+        grad_map_to_py(py, &grad_map, slice_type.as_ref(), blob_ref.as_ref())?.into_any()
+    };
+    Ok((PyBytes::new(py, &bytes), map))
 }
 
 /// The gradient of one serialized operator: `(serialized NetDef of the gradient ops, input
@@ -523,6 +558,64 @@ fn gradient_for_op<'py>(
     Ok((PyBytes::new(py, &bytes), grads_to_py(py, &g_input)?))
 }
 
+/// The best time in seconds, over `repeat` runs, of the Rust side alone of
+/// `backward_pass_net(net, skip, ys)` (the native backward pass from the serialized net to the
+/// serialized gradient ops and the gradient map, no Python object made), with the built-in
+/// makers and no scopes: what `benchmarks/bench_gradients.py` prints beside the Python API.
+#[pyfunction]
+#[pyo3(signature = (net, skip, ys, repeat=1))]
+fn time_backward_pass_net(
+    py: Python<'_>,
+    net: PyBackedBytes,
+    skip: usize,
+    ys: Vec<String>,
+    repeat: usize,
+) -> PyResult<f64> {
+    let ys: Vec<(String, GradRef)> = ys.into_iter().map(|y| (y, GradRef::None)).collect();
+    let registry = Registry::layered(Registry::builtin());
+    let options = BackwardOptions::default();
+    let best: ferrocaffe::Result<f64> = py.detach(|| {
+        let mut best = f64::INFINITY;
+        for _ in 0..repeat.max(1) {
+            let mut names = UsedNetNames::new();
+            let mut cx = GradientContext {
+                registry: &registry,
+                net_names: &mut names,
+                options: &options,
+            };
+            let t = std::time::Instant::now();
+            let out = backward_pass_net_bytes(&net, skip, &ys, &mut cx, Extras::default())?;
+            best = best.min(t.elapsed().as_secs_f64());
+            drop(std::hint::black_box(out));
+        }
+        Ok(best)
+    });
+    best.py()
+}
+
+/// Adds to `set` the names of a `(names, ends)` pair that `backward_pass_net` appended to its
+/// `outputs` list: `names` concatenated, `ends` the UTF-8 byte offset where each one ends
+/// (unsigned 64-bit little-endian integers).
+#[pyfunction]
+fn add_names(set: &Bound<'_, PySet>, names: &str, ends: &[u8]) -> PyResult<()> {
+    if !ends.len().is_multiple_of(8) {
+        return Err(PyTypeError::new_err("ends must hold 8-byte offsets"));
+    }
+    let py = set.py();
+    let mut start = 0usize;
+    for chunk in ends.chunks_exact(8) {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(chunk);
+        let end = usize::try_from(u64::from_le_bytes(b)).unwrap_or(usize::MAX);
+        let name = names.get(start..end).ok_or_else(|| {
+            PyTypeError::new_err(format!("name end {end} is not within the names"))
+        })?;
+        set.add(PyString::new(py, name))?;
+        start = end;
+    }
+    Ok(())
+}
+
 /// The IR state after playing serialized forward ops; with `check`, an orphan `StopGradient`
 /// output raises.
 #[pyfunction]
@@ -544,11 +637,14 @@ fn ir_state<'py>(
 }
 
 /// A gradient map held natively, converted to a dict on demand by the same code as
-/// `backward_pass_net`'s result: the conversion alone, for the result floor that
-/// `benchmarks/bench_gradients.py` reports.
+/// `backward_pass_net`'s result: what `backward_pass_net(..., lazy=True)` returns (with its
+/// slice type and reference class), and, made from names, the conversion alone for the result
+/// floor that `benchmarks/bench_gradients.py` reports.
 #[pyclass(module = "ferrocaffe._native")]
 struct GradientMap {
-    entries: Vec<(String, GradRef)>,
+    map: GradMap,
+    slice_type: Option<Py<PyAny>>,
+    blob_ref: Option<Py<PyType>>,
 }
 
 #[pymethods]
@@ -557,11 +653,28 @@ impl GradientMap {
     #[new]
     fn new(entries: Vec<(String, String)>) -> Self {
         GradientMap {
-            entries: entries
-                .into_iter()
-                .map(|(b, g)| (b, GradRef::Dense(g)))
-                .collect(),
+            map: GradMap::from_entries(
+                entries
+                    .into_iter()
+                    .map(|(b, g)| (b, GradRef::Dense(g)))
+                    .collect(),
+            ),
+            slice_type: None,
+            blob_ref: None,
         }
+    }
+
+    fn __len__(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Sets the entries in the dict `d` (a dict subclass's own methods are not called), as
+    /// `backward_pass_net` would have returned them.
+    fn fill(&self, d: &Bound<'_, PyDict>) -> PyResult<()> {
+        let py = d.py();
+        let slice_type = self.slice_type.as_ref().map(|t| t.bind(py).clone());
+        let blob_ref = self.blob_ref.as_ref().map(|t| t.bind(py).clone());
+        fill_dict(d, &self.map, slice_type.as_ref(), blob_ref.as_ref())
     }
 
     /// The dict `backward_pass_net` would return for this map.
@@ -572,7 +685,7 @@ impl GradientMap {
         slice_type: Option<Bound<'py, PyAny>>,
         blob_ref: Option<Bound<'py, PyType>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        grad_map_to_py(py, &self.entries, slice_type.as_ref(), blob_ref.as_ref())
+        grad_map_to_py(py, &self.map, slice_type.as_ref(), blob_ref.as_ref())
     }
 }
 
@@ -583,5 +696,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(backward_pass_net, m)?)?;
     m.add_function(wrap_pyfunction!(gradient_for_op, m)?)?;
     m.add_function(wrap_pyfunction!(ir_state, m)?)?;
+    m.add_function(wrap_pyfunction!(add_names, m)?)?;
+    m.add_function(wrap_pyfunction!(time_backward_pass_net, m)?)?;
     Ok(())
 }

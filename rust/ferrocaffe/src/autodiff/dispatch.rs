@@ -44,6 +44,22 @@ impl Resolved {
     pub(crate) fn has_function(&self) -> bool {
         self.function.is_some()
     }
+
+    /// How the gradient may be made over ids: `Some(Some(maker))` with the native maker
+    /// (which may still decline, see [`GradientMaker::make_interned`]), `Some(None)` for a
+    /// type without gradient, `None` when only the named path applies.
+    pub(crate) fn interned(&self) -> Option<Option<&dyn GradientMaker>> {
+        match &self.kind {
+            Some(GradientKind::Maker(m)) => Some(Some(m.as_ref())),
+            Some(GradientKind::NoGradient) => Some(None),
+            _ => None,
+        }
+    }
+
+    /// The type's schema.
+    pub(crate) fn schema(&self) -> Option<&'static OpSchema> {
+        self.schema
+    }
 }
 
 /// [`gradient_for_op`] with the registry entries and schema of `op`'s type looked up

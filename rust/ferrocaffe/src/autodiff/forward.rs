@@ -26,11 +26,15 @@ pub(crate) struct WireOps<'a> {
     items: Vec<&'a [u8]>,
     in_net: bool,
     types: Vec<&'a str>,
+    /// Per scanned op: whether it has only names, all well-formed (see
+    /// [`WireOps::names_only`]).
+    plain: Vec<bool>,
 }
 
 const LEN: u64 = 2;
 const OP_INPUT: u64 = 1;
 const OP_OUTPUT: u64 = 2;
+const OP_NAME: u64 = 3;
 const OP_TYPE: u64 = 4;
 
 impl<'a> WireOps<'a> {
@@ -39,6 +43,7 @@ impl<'a> WireOps<'a> {
     pub(crate) fn net_entries(items: Vec<&'a [u8]>) -> Self {
         WireOps {
             types: Vec::with_capacity(items.len()),
+            plain: Vec::with_capacity(items.len()),
             items,
             in_net: true,
         }
@@ -48,6 +53,7 @@ impl<'a> WireOps<'a> {
     pub(crate) fn operators(items: Vec<&'a [u8]>) -> Self {
         WireOps {
             types: Vec::with_capacity(items.len()),
+            plain: Vec::with_capacity(items.len()),
             items,
             in_net: false,
         }
@@ -78,6 +84,7 @@ impl<'a> WireOps<'a> {
     ) -> Option<()> {
         let op = self.payload(k)?;
         let mut op_type = "";
+        let mut plain = true;
         let mut pos = 0;
         while pos < op.len() {
             let key = varint(op, &mut pos)?;
@@ -92,15 +99,41 @@ impl<'a> WireOps<'a> {
                     OP_OUTPUT => outs.push(s),
                     _ => op_type = s,
                 }
+            } else if field == OP_NAME && wire == LEN {
+                let name = len_delimited(op, &mut pos)?;
+                plain &= name.is_ascii() || std::str::from_utf8(name).is_ok();
             } else {
                 if field == 0 {
                     return None;
                 }
+                plain = false;
                 skip(op, &mut pos, wire)?;
             }
         }
         self.types.push(op_type);
+        self.plain.push(plain);
         Some(())
+    }
+
+    /// Whether op `k` has only names (inputs, outputs, name, type), all well-formed: it then
+    /// decodes, and to nothing more than its names, which the IR already has.
+    pub(crate) fn names_only(&self, k: usize) -> bool {
+        if let Some(&plain) = self.plain.get(k) {
+            return plain;
+        }
+        let Some(op) = self.payload(k) else {
+            return false;
+        };
+        let mut pos = 0;
+        while pos < op.len() {
+            let Some(key) = varint(op, &mut pos) else {
+                return false;
+            };
+            if key & 7 != LEN || !(1..=4).contains(&(key >> 3)) || string(op, &mut pos).is_none() {
+                return false;
+            }
+        }
+        true
     }
 
     /// Decodes op `k` strictly (no lenient fallback: a failure sends the caller to the
@@ -218,6 +251,7 @@ mod tests {
         w.scan(0, &mut ins, &mut outs).unwrap();
         assert_eq!(ins, ["x", "w", "b"]);
         assert_eq!(outs, ["y"]);
+        assert!(!w.names_only(0));
         let ops = ForwardOps::Wire(w);
         assert_eq!(ops.op_type(0), "Z");
         assert_eq!(ops.op(0).unwrap().r#type(), "Z");
@@ -233,6 +267,10 @@ mod tests {
         assert_eq!(direct, OperatorDef::decode(bytes.as_slice()).unwrap());
         assert_eq!(direct.input, ["a", "b", "é", "d"]);
         assert_eq!(direct.name(), "n");
+        assert!(WireOps::operators(vec![&bytes]).names_only(0));
+        for bad in [&[0x0a, 0x01, 0xff][..], &[0x08, 0x01], &[0x0a, 0x02, b'a']] {
+            assert!(!WireOps::operators(vec![bad]).names_only(0));
+        }
         // Anything else (an argument, a mistyped or malformed field) is left to protobuf.
         op.arg.push(Argument::default());
         assert!(decode_names_only(&encode(&op)).is_none());

@@ -8,6 +8,7 @@
 use prost::Message;
 
 use crate::error::{Error, Result};
+use crate::graph::intern::{BlobId, Names};
 use crate::proto::OperatorDef;
 
 /// Mutable access to gradient ops by index, for gradient accumulation.
@@ -74,7 +75,7 @@ impl GradOps {
             stream: true,
             entries: Vec::with_capacity(capacity),
             kept: Vec::new(),
-            buf: Vec::with_capacity(capacity * 48),
+            buf: Vec::with_capacity(capacity * 64),
             names: names.then(|| (String::new(), Vec::with_capacity(capacity * 2))),
         }
     }
@@ -106,6 +107,71 @@ impl GradOps {
         if let Some((text, ends)) = &mut self.names {
             for o in &op.output {
                 text.push_str(o);
+                ends.push(text.len());
+            }
+        }
+    }
+
+    /// Appends a gradient op made over ids ([`super::interned`]): type `op_type`, empty name,
+    /// the given inputs and outputs, the arguments, device option and engine of the forward
+    /// op `fwd` (when given), and `is_gradient_op` set. A streamed op that nothing can change
+    /// is serialized straight from the names, without an `OperatorDef`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn push_interned(
+        &mut self,
+        names: &Names,
+        op_type: &str,
+        inputs: &[BlobId],
+        outputs: &[BlobId],
+        fwd: Option<&OperatorDef>,
+        pinned: bool,
+    ) {
+        if !self.stream || pinned {
+            let op = interned_op(names, op_type, inputs, outputs, fwd);
+            self.push(op, pinned);
+            return;
+        }
+        // The op is written in place after its tag and a one-byte length, which is patched
+        // (and widened, for an op of 128 bytes or more) once the length is known.
+        let start = self.buf.len();
+        self.buf.push(0x12);
+        self.buf.push(0);
+        let body = &mut self.buf;
+        for &id in inputs {
+            put_str(body, 1, names.name(id));
+        }
+        for &id in outputs {
+            put_str(body, 2, names.name(id));
+        }
+        put_str(body, 3, "");
+        put_str(body, 4, op_type);
+        if let Some(fwd) = fwd {
+            for a in &fwd.arg {
+                prost::encoding::message::encode(5, a, body);
+            }
+            if let Some(d) = &fwd.device_option {
+                prost::encoding::message::encode(6, d, body);
+            }
+            if let Some(e) = &fwd.engine {
+                put_str(body, 7, e);
+            }
+        }
+        // Field 9 (`is_gradient_op`), varint: true.
+        body.extend_from_slice(&[0x48, 0x01]);
+        let len = self.buf.len() - start - 2;
+        if len < 0x80 {
+            self.buf[start + 1] = len as u8;
+        } else {
+            let mut prefix = Vec::with_capacity(10);
+            prost::encoding::encode_varint(len as u64, &mut prefix);
+            self.buf
+                .splice(start + 1..start + 2, prefix.iter().copied());
+        }
+        self.entries
+            .push(Entry::Done(start as u32, self.buf.len() as u32));
+        if let Some((text, ends)) = &mut self.names {
+            for &o in outputs {
+                text.push_str(names.name(o));
                 ends.push(text.len());
             }
         }
@@ -185,6 +251,38 @@ impl GradOpsAccess for GradOps {
     }
 }
 
+/// The `OperatorDef` of a gradient op made over ids (see [`GradOps::push_interned`]).
+pub(crate) fn interned_op(
+    names: &Names,
+    op_type: &str,
+    inputs: &[BlobId],
+    outputs: &[BlobId],
+    fwd: Option<&OperatorDef>,
+) -> OperatorDef {
+    let name = |&id: &BlobId| names.name(id).to_string();
+    let mut op = OperatorDef {
+        input: inputs.iter().map(name).collect(),
+        output: outputs.iter().map(name).collect(),
+        name: Some(String::new()),
+        r#type: Some(op_type.to_string()),
+        is_gradient_op: Some(true),
+        ..Default::default()
+    };
+    if let Some(fwd) = fwd {
+        op.arg.clone_from(&fwd.arg);
+        op.device_option.clone_from(&fwd.device_option);
+        op.engine.clone_from(&fwd.engine);
+    }
+    op
+}
+
+/// Appends string field `tag` (length-delimited) with value `s`, as prost writes it.
+fn put_str(out: &mut Vec<u8>, tag: u32, s: &str) {
+    prost::encoding::encode_key(tag, prost::encoding::WireType::LengthDelimited, out);
+    prost::encoding::encode_varint(s.len() as u64, out);
+    out.extend_from_slice(s.as_bytes());
+}
+
 /// Appends `op` as an `op` entry of a NetDef: field 2, length-delimited.
 pub(crate) fn write_entry(op: &OperatorDef, out: &mut Vec<u8>) {
     let len = op.encoded_len();
@@ -222,6 +320,49 @@ mod tests {
         let (text, ends) = names.unwrap();
         assert_eq!(ends.len(), 5);
         assert!(text.contains("renamed") && text.contains("y4"));
+    }
+
+    #[test]
+    fn interned_ops_serialize_as_their_operator_defs() {
+        use crate::proto::{Argument, DeviceOption};
+        let mut names = Names::default();
+        let ids: Vec<BlobId> = ["x", "w", "y_grad", "x_grad", "é"]
+            .iter()
+            .map(|n| names.intern(n))
+            .collect();
+        let mut fwd = OperatorDef::new("FC", ["x", "w"], ["y"]);
+        let plain = fwd.clone();
+        fwd.arg.push(Argument::int("axis", 2));
+        fwd.arg.push(Argument::float("alpha", 0.5));
+        fwd.device_option = Some(DeviceOption {
+            device_type: Some(1),
+            extra_info: vec!["a:1".into()],
+            ..Default::default()
+        });
+        fwd.engine = Some("CUDNN".into());
+        let long: Vec<BlobId> = (0..40).map(|k| names.intern(&format!("in{k}"))).collect();
+        let cases: Vec<(&[BlobId], &[BlobId], Option<&OperatorDef>)> = vec![
+            (&ids[..3], &ids[3..4], None),
+            (&ids[..3], &ids[3..], Some(&plain)),
+            (&ids[..1], &ids[3..4], Some(&fwd)),
+            (&long, &ids[4..], Some(&fwd)),
+            (&[], &[], None),
+        ];
+        let mut streamed = GradOps::streamed(4, true);
+        let mut kept = GradOps::kept(4);
+        let mut expected = Vec::new();
+        for (k, (ins, outs, f)) in cases.iter().enumerate() {
+            streamed.push_interned(&names, "FCGradient", ins, outs, *f, k == 1);
+            kept.push_interned(&names, "FCGradient", ins, outs, *f, false);
+            let op = interned_op(&names, "FCGradient", ins, outs, *f);
+            assert_eq!(op.is_gradient_op, Some(true));
+            expected.push(op);
+        }
+        assert_eq!(expected[2].arg, fwd.arg);
+        assert_eq!(kept.into_ops().unwrap(), expected);
+        let (bytes, out_names) = streamed.finish();
+        assert_eq!(bytes, encode_ops_as_net(&expected));
+        assert_eq!(out_names.unwrap().1.len(), 1 + 2 + 1 + 1);
     }
 
     #[test]

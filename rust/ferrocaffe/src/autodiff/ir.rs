@@ -9,18 +9,24 @@
 //! the gradients of blob versions read by several ops once the first reader is reached.
 //!
 //! Blob names are interned to dense ids; per-blob and per-version state lives in vectors, so a
-//! pass is linear in the size of the graph. The forward ops may be decoded `OperatorDef`s or
-//! serialized ones read in place (see `forward`: names borrowed from the bytes, one op decoded
-//! while its gradient is made), and the gradient ops may be serialized as soon as nothing can
-//! change them any more (see `grad_ops`), which keeps large passes small in memory.
+//! pass is linear in the size of the graph. Gradients are ids too ([`IdGrad`]), and so are the
+//! gradient ops of the makers that can make them over ids (see [`super::interned`]: the table
+//! makers of most op types); the ops of other makers are interned as they come. Every check
+//! and update of the pass compares ids; names are read back only to write the gradient ops
+//! and the gradient map out, once. The forward ops may be decoded `OperatorDef`s or serialized
+//! ones read in place (see `forward`: names borrowed from the bytes; an op with more than
+//! names decoded while its gradient is made), and the gradient ops are serialized as soon as
+//! nothing can change them any more (see `grad_ops`), which keeps large passes small in memory.
 
+use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use super::accumulate::{self, Generator};
 use super::dispatch::{self, Resolved};
 use super::forward::{ForwardOps, WireOps};
 use super::grad_ops::GradOps;
-use super::lookup::{GradLookup, Lists, LocalOutputs, VersionIndex};
+use super::interned::{verify_counts, IdGrad, IdOps, InternedCtx, LocalIds};
+use super::lookup::{GradLookup, Lists, VersionIndex};
 use super::maker::{GradRef, GradientContext};
 use super::registry::Registry;
 use super::scope::float_arg;
@@ -28,63 +34,196 @@ use super::text;
 use crate::error::{Error, Result};
 use crate::graph::intern::{BlobId, FxBuild, FxHashMap, FxHashSet};
 use crate::graph::Names;
-use crate::proto::OperatorDef;
+use crate::proto::{DeviceOption, OperatorDef};
 
 /// Suffix of the gradient seeds generated for `ys` without a given gradient.
 pub const AUTOGEN_GRAD_SUFFIX: &str = "_autogen_grad";
 
 /// The gradient of every blob that has one, in the order Caffe2's dict had them.
-#[derive(Debug, Clone, Default)]
+///
+/// Held compactly (every name in one string); the entries as `String`s are made only when
+/// asked for ([`GradMap::entries`], [`GradMap::get`]). [`GradMap::iter`] reads the names in
+/// place.
+#[derive(Clone, Default)]
 pub struct GradMap {
-    entries: Vec<(String, GradRef)>,
+    text: String,
+    items: Vec<(Span, SpanGrad)>,
+    entries: OnceLock<Vec<(String, GradRef)>>,
     index: OnceLock<FxHashMap<String, usize>>,
+}
+
+/// A name in [`GradMap::text`].
+#[derive(Debug, Clone, Copy)]
+struct Span(u32, u32);
+
+#[derive(Debug, Clone, Copy)]
+enum SpanGrad {
+    None,
+    Dense(Span),
+    Sparse(Span, Span),
+}
+
+/// A gradient of a [`GradMap`], its names borrowed from the map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GradName<'m> {
+    /// No gradient.
+    None,
+    /// A dense gradient blob.
+    Dense(&'m str),
+    /// A sparse gradient: indices and values.
+    Sparse(&'m str, &'m str),
+}
+
+impl GradName<'_> {
+    /// The gradient as a [`GradRef`].
+    pub fn to_ref(self) -> GradRef {
+        match self {
+            GradName::None => GradRef::None,
+            GradName::Dense(d) => GradRef::Dense(d.to_string()),
+            GradName::Sparse(i, v) => GradRef::Sparse {
+                indices: i.to_string(),
+                values: v.to_string(),
+            },
+        }
+    }
 }
 
 impl PartialEq for GradMap {
     fn eq(&self, other: &Self) -> bool {
-        self.entries == other.entries
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl std::fmt::Debug for GradMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+/// Builds a [`GradMap`] entry by entry.
+struct GradMapBuilder {
+    text: String,
+    items: Vec<(Span, SpanGrad)>,
+}
+
+impl GradMapBuilder {
+    fn with_capacity(n: usize, bytes: usize) -> Self {
+        GradMapBuilder {
+            text: String::with_capacity(bytes),
+            items: Vec::with_capacity(n),
+        }
+    }
+
+    fn span(&mut self, s: &str) -> Span {
+        let start = self.text.len() as u32;
+        self.text.push_str(s);
+        Span(start, self.text.len() as u32)
+    }
+
+    fn push(&mut self, blob: &str, g: GradName<'_>) {
+        let key = self.span(blob);
+        let g = match g {
+            GradName::None => SpanGrad::None,
+            GradName::Dense(d) => SpanGrad::Dense(self.span(d)),
+            GradName::Sparse(i, v) => SpanGrad::Sparse(self.span(i), self.span(v)),
+        };
+        self.items.push((key, g));
+    }
+
+    fn build(self) -> GradMap {
+        GradMap {
+            text: self.text,
+            items: self.items,
+            entries: OnceLock::new(),
+            index: OnceLock::new(),
+        }
     }
 }
 
 impl GradMap {
     /// A map with the given entries (blob, gradient), in order.
     pub fn from_entries(entries: Vec<(String, GradRef)>) -> Self {
-        GradMap {
-            entries,
-            index: OnceLock::new(),
+        let bytes = entries
+            .iter()
+            .map(|(b, g)| {
+                b.len()
+                    + match g {
+                        GradRef::None => 0,
+                        GradRef::Dense(d) => d.len(),
+                        GradRef::Sparse { indices, values } => indices.len() + values.len(),
+                    }
+            })
+            .sum();
+        let mut m = GradMapBuilder::with_capacity(entries.len(), bytes);
+        for (b, g) in &entries {
+            let g = match g {
+                GradRef::None => GradName::None,
+                GradRef::Dense(d) => GradName::Dense(d),
+                GradRef::Sparse { indices, values } => GradName::Sparse(indices, values),
+            };
+            m.push(b, g);
         }
+        let map = m.build();
+        let _ = map.entries.set(entries);
+        map
+    }
+
+    fn at(&self, s: Span) -> &str {
+        &self.text[s.0 as usize..s.1 as usize]
+    }
+
+    /// The entries (blob, gradient) in order, their names borrowed from the map.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, GradName<'_>)> + '_ {
+        self.items.iter().map(|&(key, g)| {
+            let g = match g {
+                SpanGrad::None => GradName::None,
+                SpanGrad::Dense(d) => GradName::Dense(self.at(d)),
+                SpanGrad::Sparse(i, v) => GradName::Sparse(self.at(i), self.at(v)),
+            };
+            (self.at(key), g)
+        })
     }
 
     /// The gradient of `blob`, if it has one.
     pub fn get(&self, blob: &str) -> Option<&GradRef> {
         let index = self.index.get_or_init(|| {
-            let mut m = FxHashMap::with_capacity_and_hasher(self.entries.len(), FxBuild::default());
-            for (k, (name, _)) in self.entries.iter().enumerate() {
-                m.insert(name.clone(), k);
+            let mut m = FxHashMap::with_capacity_and_hasher(self.items.len(), FxBuild::default());
+            for (k, (name, _)) in self.iter().enumerate() {
+                m.insert(name.to_string(), k);
             }
             m
         });
-        index.get(blob).map(|&k| &self.entries[k].1)
+        index.get(blob).map(|&k| &self.entries()[k].1)
     }
 
     /// The entries, in order.
     pub fn entries(&self) -> &[(String, GradRef)] {
-        &self.entries
+        self.entries.get_or_init(|| {
+            self.iter()
+                .map(|(b, g)| (b.to_string(), g.to_ref()))
+                .collect()
+        })
     }
 
     /// The entries, in order, by value.
-    pub fn into_entries(self) -> Vec<(String, GradRef)> {
-        self.entries
+    pub fn into_entries(mut self) -> Vec<(String, GradRef)> {
+        match self.entries.take() {
+            Some(e) => e,
+            None => self
+                .iter()
+                .map(|(b, g)| (b.to_string(), g.to_ref()))
+                .collect(),
+        }
     }
 
     /// Number of blobs with a gradient.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.items.len()
     }
 
     /// Whether no blob has a gradient.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.items.is_empty()
     }
 }
 
@@ -115,7 +254,7 @@ pub struct IrState {
 
 /// `input_to_grad` of Caffe2: absent, explicitly `None`, or a gradient; plus insertion order.
 struct GradTable {
-    vals: Vec<Option<GradRef>>,
+    vals: Vec<Option<IdGrad>>,
     order: Vec<BlobId>,
 }
 
@@ -127,31 +266,25 @@ impl GradTable {
         }
     }
 
-    fn get(&self, id: BlobId) -> Option<&GradRef> {
-        self.vals.get(id.index()).and_then(Option::as_ref)
+    /// The entry of `id`: `None` if absent (an entry may be present with no gradient).
+    fn get(&self, id: BlobId) -> Option<IdGrad> {
+        self.vals.get(id.index()).copied().flatten()
     }
 
-    fn set(&mut self, id: BlobId, g: GradRef) {
+    /// The gradient of `id` (no gradient if absent).
+    fn value(&self, id: BlobId) -> IdGrad {
+        self.get(id).unwrap_or_default()
+    }
+
+    fn set(&mut self, id: BlobId, g: IdGrad) {
+        if self.vals.len() <= id.index() {
+            self.vals.resize(id.index() + 1, None);
+        }
         let slot = &mut self.vals[id.index()];
         if slot.is_none() {
             self.order.push(id);
         }
         *slot = Some(g);
-    }
-
-    /// Moves the gradient of `id` out (no gradient if absent), leaving the entry present;
-    /// [`GradTable::put_back`] restores it.
-    fn take_value(&mut self, id: BlobId) -> GradRef {
-        match self.vals.get_mut(id.index()) {
-            Some(Some(g)) => std::mem::take(g),
-            _ => GradRef::None,
-        }
-    }
-
-    fn put_back(&mut self, id: BlobId, g: GradRef) {
-        if let Some(Some(slot)) = self.vals.get_mut(id.index()) {
-            *slot = g;
-        }
     }
 }
 
@@ -189,7 +322,14 @@ pub struct Ir<'a> {
     /// Reused per op: which input gradients update the gradient table.
     apply: Vec<bool>,
     /// Reused per op: the gradients of its outputs.
-    g_output: Vec<GradRef>,
+    g_output: Vec<IdGrad>,
+    /// Reused per op: the gradients of its inputs that its maker gives.
+    g_input: Vec<IdGrad>,
+    /// Reused per op: the gradient ops its maker gives, over ids.
+    id_ops: IdOps,
+    /// Reused per op: its input and output ids.
+    in_ids: Vec<BlobId>,
+    out_ids: Vec<BlobId>,
     /// Reused per op: the gradient ops that recorded generators refer to.
     pins: Vec<usize>,
     /// Whether every generator is recorded (for [`Ir::state`]), or only those of blob
@@ -274,8 +414,11 @@ impl<'a> Ir<'a> {
     /// Decodes every serialized op that the backward pass did not decode, as decoding the
     /// whole net would have (an error for a malformed one).
     pub(crate) fn check_undecoded(&self) -> Result<()> {
+        let ForwardOps::Wire(wire) = &self.ops else {
+            return Ok(());
+        };
         for (k, &done) in self.decoded.iter().enumerate() {
-            if !done {
+            if !done && !wire.names_only(k) {
                 self.ops.op(k)?;
             }
         }
@@ -283,7 +426,8 @@ impl<'a> Ir<'a> {
     }
 
     fn empty(ops: ForwardOps<'a>, n_ins: usize, n_outs: usize) -> Self {
-        let n_names = n_outs + n_ins / 2 + 8;
+        // The forward blobs, and about as many gradient names.
+        let n_names = 2 * (n_outs + n_ins / 2) + 8;
         let n_ops = ops.len();
         Ir {
             ops,
@@ -306,6 +450,10 @@ impl<'a> Ir<'a> {
             generators: Lists::with_capacity(n_outs + 8),
             apply: Vec::new(),
             g_output: Vec::new(),
+            g_input: Vec::new(),
+            id_ops: IdOps::default(),
+            in_ids: Vec::new(),
+            out_ids: Vec::new(),
             pins: Vec::new(),
             all_generators: true,
             types: TypeCache::default(),
@@ -315,9 +463,7 @@ impl<'a> Ir<'a> {
     fn id(&mut self, name: &str) -> BlobId {
         let id = self.names.intern(name);
         if id.index() >= self.frontier.len() {
-            self.frontier.push(None);
-            self.read.push(false);
-            self.cur_slot.push(u32::MAX);
+            self.register_blobs();
         }
         id
     }
@@ -548,7 +694,8 @@ impl<'a> Ir<'a> {
         let mut grads = GradTable::new(self.names.len());
         for &(id, g) in &uniq {
             if g.is_some() {
-                grads.set(id, g.clone());
+                let g = IdGrad::intern(g, &mut self.names);
+                grads.set(id, g);
                 continue;
             }
             let y = self.names.name(id);
@@ -562,7 +709,8 @@ impl<'a> Ir<'a> {
             let device_option = op.device_option.clone().unwrap_or_default();
             // Its generator is recorded: the op may be renamed by an accumulation.
             all_ops.push(op, true);
-            grads.set(id, GradRef::Dense(gname.clone()));
+            let gid = self.names.intern(&gname);
+            grads.set(id, IdGrad::Dense(gid));
             let slot = self.cur_slot[id.index()];
             self.push_generator(
                 slot,
@@ -574,20 +722,102 @@ impl<'a> Ir<'a> {
             );
         }
 
+        // Gradient names get ids past the forward blobs' (unless a forward blob has the same
+        // name): the per-blob state, which only forward blobs need, is not grown for them.
+
+        // The gradient names a maker makes (`<input>_grad`) are new names, whose table slots
+        // are cache misses in a large net: there, they are asked for a few ops ahead.
+        const AHEAD: usize = 6;
+        let prefetch = self.names.prefetch_pays();
         for k in (0..self.ops.len()).rev() {
+            if let Some(j) = k.checked_sub(AHEAD).filter(|_| prefetch) {
+                for p in self.in_start[j]..self.in_start[j + 1] {
+                    self.names.prefetch_suffixed(self.ins[p].0, "_grad");
+                }
+            }
             self.generate_for_op(k, &mut grads, all_ops, cx)?;
             self.accumulate(k, &mut grads, all_ops, cx)?;
         }
 
-        let mut entries = Vec::with_capacity(grads.order.len());
+        let name = |g: BlobId| self.names.name(g);
+        let bytes = grads
+            .order
+            .iter()
+            .map(|&id| {
+                name(id).len()
+                    + match grads.value(id) {
+                        IdGrad::None => 0,
+                        IdGrad::Dense(d) => name(d).len(),
+                        IdGrad::Sparse(i, v) => name(i).len() + name(v).len(),
+                    }
+            })
+            .sum();
+        let mut map = GradMapBuilder::with_capacity(grads.order.len(), bytes);
         for &id in &grads.order {
-            if let Some(g) = grads.vals[id.index()].take() {
-                if g.is_some() {
-                    entries.push((self.names.name(id).to_string(), g));
-                }
-            }
+            let g = match grads.value(id) {
+                IdGrad::None => continue,
+                IdGrad::Dense(d) => GradName::Dense(name(d)),
+                IdGrad::Sparse(i, v) => GradName::Sparse(name(i), name(v)),
+            };
+            map.push(name(id), g);
         }
-        Ok(GradMap::from_entries(entries))
+        Ok(map.build())
+    }
+
+    /// The forward op `k` when its gradient may need more than its names: a decoded op as it
+    /// is, a serialized one decoded unless it has nothing but names (checked here, as decoding
+    /// would check it). `None` for a serialized op with only names.
+    fn forward_op(&mut self, k: usize) -> Result<Option<Cow<'a, OperatorDef>>> {
+        let names_only = match &self.ops {
+            ForwardOps::Decoded(ops) => return Ok(Some(Cow::Borrowed(&ops[k]))),
+            ForwardOps::Wire(w) => w.names_only(k),
+        };
+        let op = if names_only {
+            None
+        } else {
+            Some(self.ops.op(k)?)
+        };
+        if let Some(d) = self.decoded.get_mut(k) {
+            *d = true;
+        }
+        Ok(op)
+    }
+
+    /// The gradient of op `k` made over ids, if its type has an interned maker that makes
+    /// it; the ops are left in `id_ops` and the input gradients in `g_input`.
+    fn make_interned(&mut self, k: usize, type_index: usize) -> bool {
+        let resolved = &self.types.resolved[type_index];
+        let Some(kind) = resolved.interned() else {
+            return false;
+        };
+        if self.g_output.iter().any(|g| g.needs_wrapping(&self.names)) {
+            return false;
+        }
+        let (i0, i1) = (self.in_start[k], self.in_start[k + 1]);
+        let (o0, o1) = (self.out_start[k], self.out_start[k + 1]);
+        self.in_ids.clear();
+        self.in_ids.extend(self.ins[i0..i1].iter().map(|p| p.0));
+        self.out_ids.clear();
+        self.out_ids.extend(self.outs[o0..o1].iter().map(|p| p.0));
+        if verify_counts(resolved.schema(), &self.in_ids, &self.out_ids) != Some(true) {
+            return false;
+        }
+        self.id_ops.clear();
+        self.g_input.clear();
+        self.g_input.resize(self.in_ids.len(), IdGrad::None);
+        let Some(maker) = kind else {
+            // No gradient: none for the inputs, no ops.
+            return true;
+        };
+        let mut cx = InternedCtx {
+            names: &mut self.names,
+            inputs: &self.in_ids,
+            outputs: &self.out_ids,
+            g_output: &self.g_output,
+            g_input: &mut self.g_input,
+            ops: &mut self.id_ops,
+        };
+        maker.make_interned(&mut cx).is_some()
     }
 
     /// Caffe2's `_GenerateGradientsForForwardOp` (+ `BuildGradientGenerators`).
@@ -598,103 +828,166 @@ impl<'a> Ir<'a> {
         all_ops: &mut GradOps,
         cx: &mut GradientContext<'_>,
     ) -> Result<()> {
-        // The output gradients are moved out of the table for the maker and put back right
-        // after (nothing reads the table in between); an output listed twice gets a copy.
         let mut g_output = std::mem::take(&mut self.g_output);
         g_output.clear();
         let (o0, o1) = (self.out_start[k], self.out_start[k + 1]);
-        let firsts = FirstOccurrences::new(&self.outs[o0..o1]);
-        let mut any = false;
-        for p in o0..o1 {
-            let id = self.outs[p].0;
-            let g = match firsts.earlier(&self.outs[o0..o1], p - o0) {
-                Some(e) => g_output[e].clone(),
-                None => grads.take_value(id),
-            };
-            any |= g.is_some();
-            g_output.push(g);
-        }
-        let put_back =
-            |grads: &mut GradTable, g_output: &mut Vec<GradRef>, outs: &[(BlobId, u32)]| {
-                for (p, &(id, _)) in outs.iter().enumerate() {
-                    if firsts.earlier(outs, p).is_none() {
-                        grads.put_back(id, std::mem::take(&mut g_output[p]));
-                    }
-                }
-            };
-        if !any && self.ops.op_type(k) != "ZeroGradient" {
-            put_back(grads, &mut g_output, &self.outs[o0..o1]);
-            self.g_output = g_output;
+        g_output.extend(self.outs[o0..o1].iter().map(|p| grads.value(p.0)));
+        let any = g_output.iter().any(|g| g.is_some());
+        self.g_output = g_output;
+        let op_type = self.ops.op_type(k);
+        if !any && op_type != "ZeroGradient" {
             return Ok(());
         }
-        let op = self.ops.op(k)?;
-        if let Some(d) = self.decoded.get_mut(k) {
-            *d = true;
-        }
-        let op_type = self.ops.op_type(k);
-        let mut out = if op.r#type() == op_type {
-            let resolved = self.types.get(op_type, cx.registry);
-            dispatch::gradient_for_op_resolved(&op, resolved, &g_output, cx)?
+        let fwd = self.forward_op(k)?;
+        let type_index = self.types.index(op_type, cx.registry);
+        let made = if self.make_interned(k, type_index) {
+            None
         } else {
-            dispatch::gradient_for_op(&op, &g_output, cx)?
+            Some(self.make_named(k, fwd.as_deref(), type_index, cx)?)
         };
+
         let base = all_ops.len();
         self.pins.clear();
-        self.build_generators(k, &op, &out.ops, &g_output, &out.input_grads, base)?;
-        put_back(grads, &mut g_output, &self.outs[o0..o1]);
-        self.g_output = g_output;
+        let id_ops = std::mem::take(&mut self.id_ops);
+        let g_input = std::mem::take(&mut self.g_input);
+        let generated = match &made {
+            Some(ops) => self.build_generators(
+                k,
+                &id_ops,
+                &g_input,
+                |j| ops[j].device_option.clone().unwrap_or_default(),
+                fwd.as_deref(),
+                base,
+            ),
+            None => {
+                let dev = fwd.as_deref().and_then(|f| f.device_option.as_ref());
+                self.build_generators(
+                    k,
+                    &id_ops,
+                    &g_input,
+                    |_| dev.cloned().unwrap_or_default(),
+                    fwd.as_deref(),
+                    base,
+                )
+            }
+        };
+        if let Err(e) = generated {
+            self.id_ops = id_ops;
+            self.g_input = g_input;
+            return Err(e);
+        }
 
         // Caffe2 decides every update against the table as it was before this op.
         let mut apply = std::mem::take(&mut self.apply);
         apply.clear();
         {
             let outs = VersionIndex::new(self.outs_of(k));
-            for (&(id, _), g) in self.ins_of(k).iter().zip(&out.input_grads) {
+            for (&(id, _), g) in self.ins_of(k).iter().zip(&g_input) {
                 apply.push(g.is_some() || grads.get(id).is_none() || outs.get(id).is_some());
             }
         }
         for (p, &yes) in apply.iter().enumerate() {
             if yes {
                 let id = self.ins[self.in_start[k] + p].0;
-                grads.set(id, std::mem::take(&mut out.input_grads[p]));
+                grads.set(id, g_input[p]);
             }
         }
         self.apply = apply;
-        for (j, gop) in out.ops.drain(..).enumerate() {
-            let pinned = self.pins.contains(&(base + j));
-            all_ops.push(gop, pinned);
+        match made {
+            Some(ops) => {
+                for (j, gop) in ops.into_iter().enumerate() {
+                    let pinned = self.pins.contains(&(base + j));
+                    all_ops.push(gop, pinned);
+                }
+            }
+            None => {
+                for (j, op) in id_ops.ops.iter().enumerate() {
+                    let pinned = self.pins.contains(&(base + j));
+                    all_ops.push_interned(
+                        &self.names,
+                        op.op_type,
+                        id_ops.inputs(j),
+                        id_ops.outputs(j),
+                        fwd.as_deref(),
+                        pinned,
+                    );
+                }
+            }
         }
+        self.id_ops = id_ops;
+        self.g_input = g_input;
         Ok(())
+    }
+
+    /// The gradient of op `k` made with names (the maker's `make`, or a gradient function):
+    /// the gradient ops, which are also left over ids in `id_ops`, and the input gradients
+    /// (interned) in `g_input`.
+    fn make_named(
+        &mut self,
+        k: usize,
+        fwd: Option<&OperatorDef>,
+        type_index: usize,
+        cx: &mut GradientContext<'_>,
+    ) -> Result<Vec<OperatorDef>> {
+        let decoded;
+        let op = match fwd {
+            Some(op) => op,
+            None => {
+                decoded = self.ops.op(k)?;
+                &*decoded
+            }
+        };
+        let g_output: Vec<GradRef> = self
+            .g_output
+            .iter()
+            .map(|g| g.to_ref(&self.names))
+            .collect();
+        let op_type = self.ops.op_type(k);
+        let out = if op.r#type() == op_type {
+            dispatch::gradient_for_op_resolved(op, &self.types.resolved[type_index], &g_output, cx)?
+        } else {
+            dispatch::gradient_for_op(op, &g_output, cx)?
+        };
+        if out.input_grads.len() > op.input.len() {
+            return Err(Error::Type(format!(
+                "the gradient of operator {} has {} input gradients for {} inputs",
+                op.r#type(),
+                out.input_grads.len(),
+                op.input.len()
+            )));
+        }
+        self.id_ops.clear();
+        for gop in &out.ops {
+            self.id_ops.push_names(gop, &mut self.names);
+        }
+        self.g_input.clear();
+        for g in &out.input_grads {
+            let g = IdGrad::intern(g, &mut self.names);
+            self.g_input.push(g);
+        }
+        Ok(out.ops)
     }
 
     /// Caffe2's `BuildGradientGenerators`: checks the gradient ops' inputs and records the
     /// generators of the input gradients. `base` is the index the first gradient op will have
-    /// in the backward net.
-    #[allow(clippy::too_many_arguments)]
+    /// in the backward net; `op_device(j)` is the device option of gradient op `j`, `fwd` the
+    /// forward op (when more than its names is known).
     fn build_generators(
         &mut self,
         k: usize,
-        op: &OperatorDef,
-        grad_ops: &[OperatorDef],
-        g_output: &[GradRef],
-        g_input: &[GradRef],
+        grad_ops: &IdOps,
+        g_input: &[IdGrad],
+        op_device: impl Fn(usize) -> DeviceOption,
+        fwd: Option<&OperatorDef>,
         base: usize,
     ) -> Result<()> {
-        if g_input.len() > op.input.len() {
-            return Err(Error::Type(format!(
-                "the gradient of operator {} has {} input gradients for {} inputs",
-                op.r#type(),
-                g_input.len(),
-                op.input.len()
-            )));
-        }
-        let local = LocalOutputs::new(grad_ops);
+        let local = grad_ops.local();
         {
-            let go = GradLookup::new(g_output);
+            let go = GradLookup::new(&self.g_output);
             let ins = VersionIndex::new(self.ins_of(k));
             let outs = VersionIndex::new(self.outs_of(k));
-            for (j, gop) in grad_ops.iter().enumerate() {
-                for s in &gop.input {
+            for j in 0..grad_ops.len() {
+                for &s in grad_ops.inputs(j) {
                     self.check_grad_input(s, &go, k, &ins, &outs, &local, j)?;
                 }
             }
@@ -702,41 +995,39 @@ impl<'a> Ir<'a> {
         let gi = GradLookup::new(g_input);
         let mut sparse: Vec<(BlobId, u32, Vec<Generator>)> = Vec::new();
         let start = self.in_start[k];
-        for (j, gop) in grad_ops.iter().enumerate() {
-            for (i, o) in gop.output.iter().enumerate() {
+        for j in 0..grad_ops.len() {
+            for (i, &o) in grad_ops.outputs(j).iter().enumerate() {
                 let Some(ii) = gi.get(o) else { continue };
                 let id = self.ins[start + ii].0;
                 let slot = self.in_slots[start + ii];
-                let device_option = || gop.device_option.clone().unwrap_or_default();
                 let at = Some((base + j, i));
-                match &g_input[ii] {
-                    GradRef::Sparse { indices, values } => {
-                        let device_option = device_option();
+                match g_input[ii] {
+                    IdGrad::Sparse(indices, values) => {
                         let (indices_op, values_op) =
                             if indices == o { (at, None) } else { (None, at) };
                         let gen = Generator::Sparse {
                             indices_op,
                             values_op,
-                            indices: indices.clone(),
-                            values: values.clone(),
-                            device_option,
+                            indices: self.names.name(indices).to_string(),
+                            values: self.names.name(values).to_string(),
+                            device_option: op_device(j),
                         };
                         match sparse.iter_mut().find(|e| e.0 == id) {
                             Some(e) => e.2.push(gen),
                             None => sparse.push((id, slot, vec![gen])),
                         }
                     }
-                    GradRef::Dense(g) => {
+                    IdGrad::Dense(g) => {
                         if self.keeps_generator(slot) {
                             let gen = Generator::Dense {
                                 op: at,
-                                gradient: g.clone(),
-                                device_option: device_option(),
+                                gradient: self.names.name(g).to_string(),
+                                device_option: op_device(j),
                             };
                             self.push_generator(slot, gen);
                         }
                     }
-                    GradRef::None => {}
+                    IdGrad::None => {}
                 }
             }
         }
@@ -744,36 +1035,39 @@ impl<'a> Ir<'a> {
             let merged = merge_sparse(gens, self.names.name(id))?;
             self.push_generator(slot, merged);
         }
-        for (ii, g) in g_input.iter().enumerate() {
-            if !g.is_truthy() {
+        let fwd_device = || {
+            fwd.and_then(|op| op.device_option.clone())
+                .unwrap_or_default()
+        };
+        for (ii, &g) in g_input.iter().enumerate() {
+            if !g.is_truthy(&self.names) {
                 continue;
             }
             let slot = self.in_slots[start + ii];
-            let fwd_device = || op.device_option.clone().unwrap_or_default();
             match g {
-                GradRef::Sparse { indices, values } => {
+                IdGrad::Sparse(indices, values) => {
                     if !local.written(indices) && !local.written(values) {
                         let gen = Generator::Sparse {
                             indices_op: None,
                             values_op: None,
-                            indices: indices.clone(),
-                            values: values.clone(),
+                            indices: self.names.name(indices).to_string(),
+                            values: self.names.name(values).to_string(),
                             device_option: fwd_device(),
                         };
                         self.push_generator(slot, gen);
                     }
                 }
-                GradRef::Dense(name) => {
-                    if !local.written(name) && self.keeps_generator(slot) {
+                IdGrad::Dense(d) => {
+                    if !local.written(d) && self.keeps_generator(slot) {
                         let gen = Generator::Dense {
                             op: None,
-                            gradient: name.clone(),
+                            gradient: self.names.name(d).to_string(),
                             device_option: fwd_device(),
                         };
                         self.push_generator(slot, gen);
                     }
                 }
-                GradRef::None => {}
+                IdGrad::None => {}
             }
         }
         for (ii, g) in g_input.iter().enumerate() {
@@ -789,14 +1083,15 @@ impl<'a> Ir<'a> {
     #[allow(clippy::too_many_arguments)]
     fn check_grad_input(
         &self,
-        s: &str,
+        s: BlobId,
         go: &GradLookup<'_>,
         k: usize,
         ins: &VersionIndex<'_>,
         outs: &VersionIndex<'_>,
-        local: &LocalOutputs<'_>,
+        local: &LocalIds<'_>,
         j: usize,
     ) -> Result<()> {
+        let name = || self.names.name(s);
         if let Some(oi) = go.get(s) {
             let (oid, over) = self.outs_of(k)[oi];
             let original = self.names.name(oid);
@@ -807,66 +1102,54 @@ impl<'a> Ir<'a> {
                 .flatten()
                 .ok_or_else(|| {
                     Error::Runtime(format!(
-                        "Gradient name \"{s}\" refers to blob \"{original}\", which has no \
-                         gradient version"
+                        "Gradient name \"{}\" refers to blob \"{original}\", which has no \
+                         gradient version",
+                        name()
                     ))
                 })?;
             if over != gf {
                 return Err(Error::Runtime(format!(
-                    "Gradient name \"{s}\" is expected to correspond to version {over} of \
+                    "Gradient name \"{}\" is expected to correspond to version {over} of \
                      \"{original}\", but currently we have version {gf}.\n\n{}",
+                    name(),
                     self.history_out(original)
                 )));
             }
             return Ok(());
         }
-        let out_hit = self.find_blob(s, self.outs_of(k), outs);
-        if let Some((id, over)) = out_hit {
-            let cur = self.frontier_of(id);
+        if let Some(over) = find_version(s, self.outs_of(k), outs) {
+            let cur = self.frontier_of(s);
             if cur != over {
                 return Err(Error::Runtime(format!(
-                    "Gradient operator needs output \"{s}\" at version {over}, but currently \
+                    "Gradient operator needs output \"{}\" at version {over}, but currently \
                      we have version {cur}.\n\n{}",
-                    self.history_out(s)
+                    name(),
+                    self.history_out(name())
                 )));
             }
             return Ok(());
         }
-        if let Some((id, iv)) = self.find_blob(s, self.ins_of(k), ins) {
-            let cur = self.frontier_of(id);
+        if let Some(iv) = find_version(s, self.ins_of(k), ins) {
+            let cur = self.frontier_of(s);
             if cur != iv {
                 return Err(Error::Runtime(format!(
-                    "Gradient operator needs input \"{s}\" at version {iv}, but currently we \
+                    "Gradient operator needs input \"{}\" at version {iv}, but currently we \
                      have version {cur}.\n\n{}",
-                    self.history_in(s)
+                    name(),
+                    self.history_in(name())
                 )));
             }
             return Ok(());
         }
         if !local.written_before(s, j) {
             return Err(Error::Runtime(format!(
-                "Blob name \"{s}\" not in the scope of operator: {}\nand is not generated by \
+                "Blob name \"{}\" not in the scope of operator: {}\nand is not generated by \
                  any of the local gradient operators.",
+                name(),
                 self.op_text(k)
             )));
         }
         Ok(())
-    }
-
-    /// The blob `s` among one op's inputs or outputs (their ids and versions in `pairs`):
-    /// string compares for small ops (no hashing, data already in cache), the id index for
-    /// large ones.
-    fn find_blob(
-        &self,
-        s: &str,
-        pairs: &[(BlobId, u32)],
-        index: &VersionIndex<'_>,
-    ) -> Option<(BlobId, u32)> {
-        if pairs.len() <= 16 {
-            return pairs.iter().find(|p| self.names.name(p.0) == s).copied();
-        }
-        let id = self.names.get(s)?;
-        index.get(id).map(|v| (id, v))
     }
 
     /// `(op index, version)` of every read and write of `name` by the forward ops, replaying
@@ -919,16 +1202,18 @@ impl<'a> Ir<'a> {
     /// Caffe2's `DoGradientAccumulation`: sums the gradients of the input versions of op `k`
     /// that several ops read, once `k` (their first reader) is reached.
     fn accumulate(
-        &self,
+        &mut self,
         k: usize,
         grads: &mut GradTable,
         all_ops: &mut GradOps,
         cx: &mut GradientContext<'_>,
     ) -> Result<()> {
-        let ins = self.ins_of(k);
         let start = self.in_start[k];
-        let mut seen: Option<FxHashSet<BlobId>> = (ins.len() > 16).then(FxHashSet::default);
-        for (p, &(id, _)) in ins.iter().enumerate() {
+        let n = self.in_start[k + 1] - start;
+        let mut seen: Option<FxHashSet<BlobId>> = (n > 16).then(FxHashSet::default);
+        for p in 0..n {
+            let ins = &self.ins[start..start + n];
+            let id = ins[p].0;
             let first_time = match seen.as_mut() {
                 Some(set) => set.insert(id),
                 None => !ins[..p].iter().any(|q| q.0 == id),
@@ -947,6 +1232,7 @@ impl<'a> Ir<'a> {
             for op in sum_ops {
                 all_ops.push(op, false);
             }
+            let g = IdGrad::intern(&g, &mut self.names);
             grads.set(id, g);
         }
         Ok(())
@@ -974,7 +1260,10 @@ impl<'a> Ir<'a> {
             .collect();
         let frontier = (0..self.names.len() as u32)
             .map(BlobId)
-            .filter_map(|id| self.frontier[id.index()].map(|v| (name(id), v)))
+            .filter_map(|id| {
+                let v = self.frontier.get(id.index()).copied().flatten();
+                v.map(|v| (name(id), v))
+            })
             .collect();
         let mut users: Vec<Vec<u32>> = vec![Vec::new(); self.slots.len()];
         let mut order: Vec<u32> = Vec::new();
@@ -1074,12 +1363,18 @@ impl<'a> TypeCache<'a> {
     const SCAN: usize = 8;
 
     fn get(&mut self, op_type: &'a str, registry: &Registry) -> &Resolved {
+        let k = self.index(op_type, registry);
+        &self.resolved[k]
+    }
+
+    /// The index in `resolved` of `op_type`'s entries.
+    fn index(&mut self, op_type: &'a str, registry: &Registry) -> usize {
         let k = match self.names.get(self.last) {
             Some(&t) if t == op_type => self.last,
             _ => self.find_or_add(op_type, registry),
         };
         self.last = k;
-        &self.resolved[k]
+        k
     }
 
     fn find_or_add(&mut self, op_type: &'a str, registry: &Registry) -> usize {
@@ -1106,40 +1401,14 @@ impl<'a> TypeCache<'a> {
     }
 }
 
-/// For each position of a list of `(blob, version)` pairs, the earlier position of the same
-/// blob, if any (a scan for short lists, a table for long ones).
-struct FirstOccurrences {
-    table: Option<Vec<Option<usize>>>,
-}
-
-impl FirstOccurrences {
-    fn new(pairs: &[(BlobId, u32)]) -> Self {
-        if pairs.len() <= 16 {
-            return FirstOccurrences { table: None };
-        }
-        let mut first: FxHashMap<BlobId, usize> = FxHashMap::default();
-        let table = pairs
-            .iter()
-            .enumerate()
-            .map(|(p, &(id, _))| match first.get(&id) {
-                Some(&e) => Some(e),
-                None => {
-                    first.insert(id, p);
-                    None
-                }
-            })
-            .collect();
-        FirstOccurrences { table: Some(table) }
+/// The version of blob `id` among one op's inputs or outputs (their ids and versions in
+/// `pairs`): a scan for small ops, the id index for large ones. A blob listed twice has the
+/// same version at both places.
+fn find_version(id: BlobId, pairs: &[(BlobId, u32)], index: &VersionIndex<'_>) -> Option<u32> {
+    if pairs.len() <= 16 {
+        return pairs.iter().find(|p| p.0 == id).map(|p| p.1);
     }
-
-    /// The first position before `p` holding the same blob as `pairs[p]` (`pairs` being the
-    /// list given to [`FirstOccurrences::new`]).
-    fn earlier(&self, pairs: &[(BlobId, u32)], p: usize) -> Option<usize> {
-        match &self.table {
-            Some(t) => t[p],
-            None => pairs[..p].iter().position(|q| q.0 == pairs[p].0),
-        }
-    }
+    index.get(id)
 }
 
 /// Caffe2's `AppendSparseGenerators`: an op that writes both halves of a sparse gradient gives

@@ -2,9 +2,8 @@
 //! are short (almost always), a hash map once they are long, so that an operator with
 //! thousands of inputs or outputs still costs linear time.
 
-use super::maker::GradRef;
+use super::interned::IdGrad;
 use crate::graph::intern::{BlobId, FxBuild, FxHashMap};
-use crate::proto::OperatorDef;
 
 const SCAN_LIMIT: usize = 16;
 
@@ -38,23 +37,23 @@ impl<'s> VersionIndex<'s> {
 /// Caffe2's `GetIndexFromGradientList`: the first gradient of a list that is a given blob, or
 /// whose indices or values are.
 pub(crate) struct GradLookup<'g> {
-    list: &'g [GradRef],
-    map: Option<FxHashMap<&'g str, usize>>,
+    list: &'g [IdGrad],
+    map: Option<FxHashMap<BlobId, usize>>,
 }
 
 impl<'g> GradLookup<'g> {
-    pub(crate) fn new(list: &'g [GradRef]) -> Self {
+    pub(crate) fn new(list: &'g [IdGrad]) -> Self {
         let map = (list.len() > SCAN_LIMIT).then(|| {
             let mut m = FxHashMap::with_capacity_and_hasher(list.len(), FxBuild::default());
             for (k, g) in list.iter().enumerate() {
-                match g {
-                    GradRef::None => {}
-                    GradRef::Dense(n) => {
-                        m.entry(n.as_str()).or_insert(k);
+                match *g {
+                    IdGrad::None => {}
+                    IdGrad::Dense(n) => {
+                        m.entry(n).or_insert(k);
                     }
-                    GradRef::Sparse { indices, values } => {
-                        m.entry(indices.as_str()).or_insert(k);
-                        m.entry(values.as_str()).or_insert(k);
+                    IdGrad::Sparse(indices, values) => {
+                        m.entry(indices).or_insert(k);
+                        m.entry(values).or_insert(k);
                     }
                 }
             }
@@ -63,49 +62,11 @@ impl<'g> GradLookup<'g> {
         GradLookup { list, map }
     }
 
-    pub(crate) fn get(&self, name: &str) -> Option<usize> {
+    pub(crate) fn get(&self, id: BlobId) -> Option<usize> {
         match &self.map {
-            Some(m) => m.get(name).copied(),
-            None => self.list.iter().position(|g| g.names_blob(name)),
+            Some(m) => m.get(&id).copied(),
+            None => self.list.iter().position(|g| g.names_blob(id)),
         }
-    }
-}
-
-/// The blobs written by a list of gradient ops (Caffe2's `locally_generated_blobs`), with the
-/// index of the first op writing each.
-pub(crate) struct LocalOutputs<'g> {
-    ops: &'g [OperatorDef],
-    map: Option<FxHashMap<&'g str, usize>>,
-}
-
-impl<'g> LocalOutputs<'g> {
-    pub(crate) fn new(ops: &'g [OperatorDef]) -> Self {
-        let total: usize = ops.iter().map(|o| o.output.len()).sum();
-        let map = (total > 2 * SCAN_LIMIT).then(|| {
-            let mut m = FxHashMap::with_capacity_and_hasher(total, FxBuild::default());
-            for (j, op) in ops.iter().enumerate() {
-                for o in &op.output {
-                    m.entry(o.as_str()).or_insert(j);
-                }
-            }
-            m
-        });
-        LocalOutputs { ops, map }
-    }
-
-    /// Whether one of the first `j` ops writes `name`.
-    pub(crate) fn written_before(&self, name: &str, j: usize) -> bool {
-        match &self.map {
-            Some(m) => m.get(name).is_some_and(|&w| w < j),
-            None => self.ops[..j.min(self.ops.len())]
-                .iter()
-                .any(|op| op.output.iter().any(|o| o == name)),
-        }
-    }
-
-    /// Whether any of the ops writes `name`.
-    pub(crate) fn written(&self, name: &str) -> bool {
-        self.written_before(name, self.ops.len())
     }
 }
 
@@ -189,39 +150,14 @@ mod tests {
 
     #[test]
     fn grad_lookup_finds_the_first_match() {
-        let mut list = vec![
-            GradRef::None,
-            GradRef::Sparse {
-                indices: "i".into(),
-                values: "v".into(),
-            },
-            GradRef::Dense("v".into()),
-        ];
-        assert_eq!(GradLookup::new(&list).get("v"), Some(1));
-        assert_eq!(GradLookup::new(&list).get("x"), None);
-        list.extend((0..30).map(|k| GradRef::Dense(format!("g{k}"))));
+        let (i, v) = (BlobId(100), BlobId(101));
+        let mut list = vec![IdGrad::None, IdGrad::Sparse(i, v), IdGrad::Dense(v)];
+        assert_eq!(GradLookup::new(&list).get(v), Some(1));
+        assert_eq!(GradLookup::new(&list).get(BlobId(7)), None);
+        list.extend((0..30).map(|k| IdGrad::Dense(BlobId(k))));
         let l = GradLookup::new(&list);
-        assert_eq!(l.get("v"), Some(1));
-        assert_eq!(l.get("g7"), Some(10));
-    }
-
-    #[test]
-    fn local_outputs_by_position() {
-        let ops = vec![
-            OperatorDef::new("A", ["x"], ["a"]),
-            OperatorDef::new("B", ["a"], ["b"]),
-        ];
-        let l = LocalOutputs::new(&ops);
-        assert!(!l.written_before("a", 0));
-        assert!(l.written_before("a", 1));
-        assert!(!l.written_before("b", 1));
-        assert!(l.written("b"));
-        let many: Vec<OperatorDef> = (0..40)
-            .map(|k| OperatorDef::new("A", ["x"], [format!("o{k}")]))
-            .collect();
-        let l = LocalOutputs::new(&many);
-        assert!(l.written_before("o3", 4));
-        assert!(!l.written_before("o3", 3));
+        assert_eq!(l.get(v), Some(1));
+        assert_eq!(l.get(BlobId(7)), Some(10));
     }
 
     #[test]

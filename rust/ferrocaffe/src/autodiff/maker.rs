@@ -1,5 +1,6 @@
 //! The gradient-maker contract and the helpers makers are written with.
 
+use super::interned::InternedCtx;
 use super::net_names::NetNames;
 use super::registry::Registry;
 use super::scope::BackwardOptions;
@@ -87,6 +88,15 @@ pub trait GradientMaker: Send + Sync {
         _cx: &mut GradientContext<'_>,
     ) -> Result<GradientOutput> {
         self.make(op, output_grads)
+    }
+
+    /// The same gradient over interned names, for a maker that can make it so: the gradient
+    /// ops emitted into `cx` and the input gradients recorded there, as [`GradientMaker::make`]
+    /// would give them (with the forward op's device option, engine and arguments copied onto
+    /// every gradient op). `None` where the maker cannot (the default) or where `make` would
+    /// fail or do anything else: `make` is then used.
+    fn make_interned(&self, _cx: &mut InternedCtx<'_>) -> Option<()> {
+        None
     }
 }
 

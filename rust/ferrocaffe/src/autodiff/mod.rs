@@ -28,6 +28,7 @@ pub mod control;
 pub mod dispatch;
 mod forward;
 pub mod grad_ops;
+pub mod interned;
 pub mod ir;
 mod lookup;
 pub mod maker;
@@ -40,7 +41,8 @@ pub mod text;
 
 pub use accumulate::{Generator, IS_AUTO_GEN_SUM_OPS_TAG, ONLY_KEEP_IS_AUTO_GEN_SUM_OPS_TAG};
 pub use dispatch::gradient_for_op;
-pub use ir::{GradMap, Ir, IrState, AUTOGEN_GRAD_SUFFIX};
+pub use interned::{IdGrad, InternedCtx};
+pub use ir::{GradMap, GradName, Ir, IrState, AUTOGEN_GRAD_SUFFIX};
 pub use maker::{GradRef, GradientContext, GradientMaker, GradientOutput, MakerCtx};
 pub use net_names::{NetNames, UsedNetNames};
 pub use registry::Registry;

@@ -72,6 +72,7 @@ impl Names {
     ///
     /// # Panics
     /// If `id` was not issued by this table (a programming error, not a data error).
+    #[inline]
     pub fn name(&self, id: BlobId) -> &str {
         let i = id.index();
         let start = if i == 0 { 0 } else { self.ends[i - 1] };
@@ -174,6 +175,97 @@ impl Names {
         id
     }
 
+    /// The id of the name of `base` followed by `suffix` (`<base><suffix>`), interning it if it
+    /// is new: [`Names::intern`] of the concatenation, built in place at the end of the arena
+    /// (no allocation of its own).
+    ///
+    /// ```
+    /// use ferrocaffe::graph::Names;
+    ///
+    /// let mut names = Names::default();
+    /// let x = names.intern("x");
+    /// let g = names.intern_suffixed(x, "_grad");
+    /// assert_eq!(names.name(g), "x_grad");
+    /// assert_eq!(names.intern_suffixed(x, "_grad"), g);
+    /// assert_eq!(names.intern("x_grad"), g);
+    /// ```
+    pub fn intern_suffixed(&mut self, base: BlobId, suffix: &str) -> BlobId {
+        if self.tags.is_empty() {
+            self.rehash(16);
+        }
+        let i = base.index();
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        let end = self.ends[i];
+        let tail = self.arena.len();
+        // Appended after the last name: `[tail, arena.len())` is the candidate.
+        self.arena.extend_from_within(start..end);
+        self.arena.push_str(suffix);
+        let h = hash_str(&self.arena[tail..]);
+        let slot = {
+            let name = &self.arena[tail..];
+            let mask = self.tags.len() - 1;
+            let tag = Self::tag(h);
+            let mut slot = (h as usize) & mask;
+            loop {
+                let t = self.tags[slot];
+                if t == 0 {
+                    break Err(slot);
+                }
+                if t == tag {
+                    let id = BlobId(self.slots[slot]);
+                    if self.name(id) == name {
+                        break Ok(id);
+                    }
+                }
+                slot = (slot + 1) & mask;
+            }
+        };
+        match slot {
+            Ok(id) => {
+                self.arena.truncate(tail);
+                id
+            }
+            Err(slot) => {
+                let id = BlobId(self.ends.len() as u32);
+                self.ends.push(self.arena.len());
+                self.tags[slot] = Self::tag(h);
+                self.slots[slot] = id.0;
+                if self.ends.len() * 8 > self.tags.len() * 7 {
+                    self.rehash(self.tags.len() * 2);
+                }
+                id
+            }
+        }
+    }
+
+    /// Whether the table is large enough for [`Names::prefetch_suffixed`] to pay (its slots
+    /// no longer fit in a core's cache).
+    pub fn prefetch_pays(&self) -> bool {
+        self.tags.len() >= 1 << 18
+    }
+
+    /// Starts loading the table slot where [`Names::intern_suffixed`]`(base, suffix)` will
+    /// look, so that a call a little later finds it in cache (a hint: nothing changes; names
+    /// longer than 64 bytes are skipped).
+    #[inline]
+    pub fn prefetch_suffixed(&self, base: BlobId, suffix: &str) {
+        if self.tags.is_empty() {
+            return;
+        }
+        let name = self.name(base).as_bytes();
+        let mut buf = [0u8; 64];
+        let n = name.len() + suffix.len();
+        if n > buf.len() {
+            return;
+        }
+        buf[..name.len()].copy_from_slice(name);
+        buf[name.len()..n].copy_from_slice(suffix.as_bytes());
+        let h = hash_bytes(&buf[..n]);
+        let slot = (h as usize) & (self.tags.len() - 1);
+        prefetch(self.tags[slot..].as_ptr());
+        prefetch(self.slots[slot..].as_ptr().cast());
+    }
+
     /// All `(id, name)` pairs in id order.
     pub fn iter(&self) -> impl Iterator<Item = (BlobId, &str)> + '_ {
         (0..self.len()).map(|i| {
@@ -272,10 +364,28 @@ pub type FxHashSet<K> = HashSet<K, FxBuild>;
 
 #[inline]
 fn hash_str(s: &str) -> u64 {
+    hash_bytes(s.as_bytes())
+}
+
+#[inline]
+fn hash_bytes(s: &[u8]) -> u64 {
     let mut h = FxHasher::default();
-    h.write(s.as_bytes());
+    h.write(s);
     h.add(s.len() as u64);
     h.finish()
+}
+
+/// Hints the CPU to bring the cache line at `p` in (no effect on other targets).
+#[inline]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch only hints the cache, for any address; SSE, which the intrinsic
+    // needs, is part of the x86_64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 #[cfg(test)]
@@ -313,6 +423,30 @@ mod tests {
         assert_eq!(names.get(""), Some(e));
         let collected: Vec<&str> = names.iter().map(|(_, n)| n).collect();
         assert_eq!(collected, ["", "a", "aa", "a\0"]);
+    }
+
+    #[test]
+    fn suffixed_names_intern_as_their_concatenation() {
+        let mut names = Names::default();
+        let ids: Vec<BlobId> = (0..2000).map(|i| names.intern(&format!("b{i}"))).collect();
+        let pre = names.intern("b7_grad");
+        for (i, &id) in ids.iter().enumerate() {
+            let g = names.intern_suffixed(id, "_grad");
+            assert_eq!(names.name(g), format!("b{i}_grad"));
+            assert_eq!(names.get(&format!("b{i}_grad")), Some(g));
+            assert_eq!(names.intern_suffixed(id, "_grad"), g);
+        }
+        assert_eq!(names.intern_suffixed(ids[7], "_grad"), pre);
+        names.prefetch_suffixed(ids[3], "_grad");
+        names.prefetch_suffixed(ids[3], &"x".repeat(100));
+        assert_eq!(names.len(), 4000);
+        let e = names.intern("");
+        assert_eq!(names.intern_suffixed(e, ""), e);
+        let mut empty = Names::default();
+        let a = empty.intern("a");
+        let same = empty.intern_suffixed(a, "");
+        assert_eq!(same, a);
+        assert_eq!(empty.len(), 1);
     }
 
     #[test]

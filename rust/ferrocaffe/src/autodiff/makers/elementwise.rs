@@ -4,7 +4,8 @@ use super::util::{
     arg_f, arg_i, arg_s, fail, gop, grad_in, grad_out, input, maker, output, set_dense, single,
     Args, Slot::*,
 };
-use crate::autodiff::maker::MakerCtx;
+use crate::autodiff::interned::InternedCtx;
+use crate::autodiff::maker::{GradRef, GradientMaker, GradientOutput, MakerCtx};
 use crate::autodiff::registry::Registry;
 use crate::error::Result;
 use crate::proto::tensor_proto::DataType;
@@ -26,7 +27,7 @@ pub fn register(r: &mut Registry) {
     );
     r.register_maker("Max", min_max("MaxGradient"));
     r.register_maker("Min", min_max("MinGradient"));
-    r.register_maker("Sum", sum);
+    r.register_maker("Sum", SumMaker);
 
     r.register_maker("Negative", single("Negative", &[GO(0)], &[GI(0)]));
     r.register_maker("Abs", single("AbsGradient", &[I(0), GO(0)], &[GI(0)]));
@@ -107,6 +108,25 @@ fn sum(ctx: &mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> {
         set_dense(ctx, k, g.clone())?;
     }
     Ok(vec![])
+}
+
+/// `Sum`'s maker ([`sum`]), made with names or over ids.
+struct SumMaker;
+
+impl GradientMaker for SumMaker {
+    fn make(&self, op: &OperatorDef, output_grads: &[GradRef]) -> Result<GradientOutput> {
+        let mut ctx = MakerCtx::new(op, output_grads);
+        let ops = sum(&mut ctx)?;
+        Ok(ctx.finish(ops))
+    }
+
+    fn make_interned(&self, cx: &mut InternedCtx<'_>) -> Option<()> {
+        let g = cx.grad_out(0)?;
+        for k in 0..cx.num_inputs() {
+            cx.set_dense(k, g)?;
+        }
+        Some(())
+    }
 }
 
 /// `Sqr`: scales the output gradient by 2 in place, then multiplies by X.

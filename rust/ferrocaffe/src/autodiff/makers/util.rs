@@ -3,8 +3,10 @@
 //! with `ArgumentHelper` semantics, and a tiny table language for the many makers that emit one
 //! op from a fixed list of blobs.
 
-use crate::autodiff::maker::{grad_op, GradRef, MakerCtx};
+use crate::autodiff::interned::InternedCtx;
+use crate::autodiff::maker::{grad_op, GradRef, GradientMaker, GradientOutput, MakerCtx};
 use crate::error::{Error, Result};
+use crate::graph::intern::BlobId;
 use crate::proto::{Argument, OperatorDef};
 
 /// Coerces a closure to the higher-ranked maker signature.
@@ -304,12 +306,61 @@ pub(super) fn single(
     grad_type: &'static str,
     inputs: &'static [Slot],
     outputs: &'static [Slot],
-) -> impl Fn(&mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> + Send + Sync + 'static {
-    maker(move |ctx: &mut MakerCtx<'_>| {
-        let ins = resolve_all(ctx, inputs)?;
-        let outs = resolve_all(ctx, outputs)?;
-        Ok(vec![gop(grad_type, ins, outs, vec![])])
-    })
+) -> Single {
+    Single {
+        grad_type,
+        inputs,
+        outputs,
+    }
+}
+
+/// The maker [`single`] builds: one op from fixed slots, made with names or over ids.
+pub(super) struct Single {
+    grad_type: &'static str,
+    inputs: &'static [Slot],
+    outputs: &'static [Slot],
+}
+
+/// Most slots a table maker has (inputs or outputs; the built-in tables have at most 6).
+const MAX_SLOTS: usize = 8;
+
+impl Single {
+    fn resolve_ids(
+        cx: &mut InternedCtx<'_>,
+        slots: &[Slot],
+        out: &mut [BlobId; MAX_SLOTS],
+    ) -> Option<usize> {
+        if slots.len() > MAX_SLOTS {
+            return None;
+        }
+        for (k, s) in slots.iter().enumerate() {
+            out[k] = match *s {
+                Slot::I(k) => cx.input(k)?,
+                Slot::O(k) => cx.output(k)?,
+                Slot::GO(k) => cx.grad_out(k)?,
+                Slot::GI(k) => cx.grad_in(k)?,
+            };
+        }
+        Some(slots.len())
+    }
+}
+
+impl GradientMaker for Single {
+    fn make(&self, op: &OperatorDef, output_grads: &[GradRef]) -> Result<GradientOutput> {
+        let mut ctx = MakerCtx::new(op, output_grads);
+        let ins = resolve_all(&mut ctx, self.inputs)?;
+        let outs = resolve_all(&mut ctx, self.outputs)?;
+        let ops = vec![gop(self.grad_type, ins, outs, vec![])];
+        Ok(ctx.finish(ops))
+    }
+
+    fn make_interned(&self, cx: &mut InternedCtx<'_>) -> Option<()> {
+        let (mut ins, mut outs) = ([BlobId(0); MAX_SLOTS], [BlobId(0); MAX_SLOTS]);
+        let n_in = Self::resolve_ids(cx, self.inputs, &mut ins)?;
+        let n_out = Self::resolve_ids(cx, self.outputs, &mut outs)?;
+        cx.emit(self.grad_type, &ins[..n_in], &outs[..n_out]);
+        Some(())
+    }
 }
 
 /// Test helper: runs the maker that `register` installs for `def`'s type.
