@@ -201,25 +201,7 @@ impl Names {
         self.arena.extend_from_within(start..end);
         self.arena.push_str(suffix);
         let h = hash_str(&self.arena[tail..]);
-        let slot = {
-            let name = &self.arena[tail..];
-            let mask = self.tags.len() - 1;
-            let tag = Self::tag(h);
-            let mut slot = (h as usize) & mask;
-            loop {
-                let t = self.tags[slot];
-                if t == 0 {
-                    break Err(slot);
-                }
-                if t == tag {
-                    let id = BlobId(self.slots[slot]);
-                    if self.name(id) == name {
-                        break Ok(id);
-                    }
-                }
-                slot = (slot + 1) & mask;
-            }
-        };
+        let slot = self.find(&self.arena[tail..], h);
         match slot {
             Ok(id) => {
                 self.arena.truncate(tail);
