@@ -55,6 +55,17 @@ def holds_a_tensor(value) -> bool:
     return np.isscalar(value) and not isinstance(value, (bytes, str))
 
 
+def fetch_tensor(name: str):
+    """``(array, None)`` for a blob holding a tensor, else ``(None, problem)``: ``FetchBlob``
+    raised, or the blob holds something else."""
+    value, problem = fetch(name)
+    if problem:
+        return None, problem
+    if not holds_a_tensor(value):
+        return None, f"holds no tensor ({value!r})"
+    return np.asarray(value), None
+
+
 def no_tensor_diffs(label: str, name: str) -> list[str]:
     """The blob must exist and hold no tensor: ``FetchBlob`` raises or returns a description
     (bytes or str) instead of an array."""

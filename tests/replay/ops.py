@@ -14,32 +14,18 @@ import numpy as np
 from ferrocaffe import core, workspace
 from ferrocaffe.proto import caffe2_pb2
 
-from .common import array, compare_array, error_diffs, fresh_state, parse
+from .blob_checks import compare_blob, feed, fetch
+from .common import error_diffs, fresh_state, parse
 from .nets import diff_nets, grad_arg, grad_json, net_of_ops
 
 CORPUS = "ops"
 ERROR_NET = "golden_error_net"
 
 
-def _feed(specs) -> None:
-    for spec in specs or []:
-        workspace.FeedBlob(spec["name"], array(CORPUS, spec))
-
-
-def _fetch(what: str, name: str):
-    """(value, []) or (None, [the difference])."""
-    try:
-        return workspace.FetchBlob(name), []
-    except Exception as e:  # any failure to fetch is a difference
-        return None, [f"{what}: FetchBlob({name!r}) raised {type(e).__name__}: {e}"]
-
-
 def _compare_blobs(role: str, specs) -> list[str]:
     diffs = []
     for spec in specs or []:
-        what = f"{role}[{spec['name']}]"
-        value, problem = _fetch(what, spec["name"])
-        diffs += problem or compare_array(what, value, array(CORPUS, spec))
+        diffs += compare_blob(CORPUS, f"{role}[{spec['name']}]", spec)
     return diffs
 
 
@@ -119,7 +105,7 @@ def _gradient_diffs(op, grad: dict) -> list[str]:
         actual_g_input = [grad_json(g) for g in g_input]
         if actual_g_input != grad["g_input"]:
             diffs.append(f"g_input: expected {grad['g_input']}, got {actual_g_input}")
-    _feed(grad["output_grads_fed"])
+    feed(CORPUS, grad["output_grads_fed"])
     for k, grad_op in enumerate(grad_ops):
         try:
             workspace.RunOperatorOnce(grad_op)
@@ -133,7 +119,7 @@ def replay(case: dict) -> list[str]:
     """The differences between ferrocaffe and Caffe2's record of one ``ops`` case."""
     fresh_state()
     op = parse("OperatorDef", case["op_b64"])
-    _feed(case["inputs"])
+    feed(CORPUS, case["inputs"])
     if "error" in case:
         return _error_diffs(op, case["error"])
     try:
@@ -143,8 +129,8 @@ def replay(case: dict) -> list[str]:
     diffs = []
     if "stats" in case:
         what = f"stats[{op.output[0]}]"
-        value, problem = _fetch(what, op.output[0])
-        diffs += problem or _stats_diffs(what, value, case["stats"])
+        value, problem = fetch(op.output[0])
+        diffs += [f"{what}: {problem}"] if problem else _stats_diffs(what, value, case["stats"])
     diffs += _compare_blobs("outputs", case.get("outputs"))
     if case.get("gradient"):
         diffs += _gradient_diffs(op, case["gradient"])

@@ -398,21 +398,8 @@ impl Workspace {
         self.blobs.write().clear();
     }
 
-    /// Keeps `net` under `name`. Without `overwrite`, an existing net of that name is an
-    /// error. (Nets are instantiated by [`crate::net`]; see `Workspace::create_net` there.)
-    pub fn insert_net(&self, name: &str, net: SharedNet, overwrite: bool) -> Result<()> {
-        let mut nets = self.nets.lock();
-        if nets.contains_key(name) && !overwrite {
-            return Err(Error::BadArgument(format!(
-                "I respectfully refuse to overwrite an existing net of the same name \"{name}\", unless you explicitly specify overwrite=true."
-            )));
-        }
-        nets.insert(name.to_string(), net);
-        Ok(())
-    }
-
-    /// Whether a net of that name exists, checked before instantiating a replacement (Caffe2
-    /// refuses before it builds anything).
+    /// Makes room for a net called `name`: without `overwrite`, an existing net of that name
+    /// is an error (Caffe2 refuses before it builds anything); with it, the old net goes.
     pub fn check_net_name_free(&self, name: &str, overwrite: bool) -> Result<()> {
         let mut nets = self.nets.lock();
         if nets.contains_key(name) {
@@ -424,6 +411,12 @@ impl Workspace {
             nets.remove(name);
         }
         Ok(())
+    }
+
+    /// Keeps `net` under `name`, replacing any net of that name. (Nets are instantiated by
+    /// [`crate::net`]; `Workspace::create_net` there checks the name first.)
+    pub fn insert_net(&self, name: &str, net: SharedNet) {
+        self.nets.lock().insert(name.to_string(), net);
     }
 
     /// A created net.

@@ -90,7 +90,7 @@ pub fn set_small_kernels_enabled(enabled: bool) {
 }
 
 /// How one product is run: which backend and which kernels. Kernels take it from their op
-/// context ([`crate::ops::operator::OpContext::gemm`]) and hand it to [`sgemm_with`]; the
+/// context ([`crate::ops::operator::OpContext::gemm`]) and call [`GemmContext::sgemm`]; the
 /// process-wide switches ([`set_cblas_enabled`], [`set_small_kernels_enabled`]) only give the
 /// default ([`GemmContext::current`]) that a context starts from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,24 +117,6 @@ impl GemmContext {
             cblas: CBLAS_ENABLED.load(Ordering::Relaxed),
             small_kernels: SMALL_ENABLED.load(Ordering::Relaxed),
         }
-    }
-
-    /// [`sgemm_with`] in this context.
-    #[allow(clippy::too_many_arguments)]
-    pub fn sgemm(
-        &self,
-        trans_a: bool,
-        trans_b: bool,
-        m: usize,
-        n: usize,
-        k: usize,
-        alpha: f32,
-        a: &[f32],
-        b: &[f32],
-        beta: f32,
-        c: &mut [f32],
-    ) {
-        sgemm_with(self, trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
     }
 
     /// The CBLAS library this context runs products on, if any.
@@ -263,115 +245,105 @@ pub fn sgemm(
     beta: f32,
     c: &mut [f32],
 ) {
-    sgemm_with(
-        &GemmContext::current(),
-        trans_a,
-        trans_b,
-        m,
-        n,
-        k,
-        alpha,
-        a,
-        b,
-        beta,
-        c,
-    );
+    GemmContext::current().sgemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
 }
 
-/// [`sgemm`] run as `ctx` says (backend and kernels).
-///
-/// # Panics
-/// If a slice is shorter than its matrix (callers check shapes first).
-#[allow(clippy::too_many_arguments)]
-pub fn sgemm_with(
-    ctx: &GemmContext,
-    trans_a: bool,
-    trans_b: bool,
-    m: usize,
-    n: usize,
-    k: usize,
-    alpha: f32,
-    a: &[f32],
-    b: &[f32],
-    beta: f32,
-    c: &mut [f32],
-) {
-    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
-    if m == 0 || n == 0 {
-        return;
-    }
-    if let Some(cblas) = ctx.cblas() {
-        let t = |x| if x { CBLAS_TRANS } else { CBLAS_NO_TRANS };
-        let (ta, tb) = (t(trans_a), t(trans_b));
-        // Tight row-major leading dimensions; BLAS does not read C when beta is 0 (as the
-        // reference BLAS specifies).
-        let (lda, ldb) = (
-            if trans_a { m } else { k }.max(1),
-            if trans_b { k } else { n }.max(1),
-        );
-        let (pa, pb, pc) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
-        match cblas.sgemm {
-            SgemmFn::Lp64(f) => {
-                let int = |v: usize| c_int::try_from(v).ok();
-                if let (Some(mi), Some(ni), Some(ki), Some(la), Some(lb)) =
-                    (int(m), int(n), int(k), int(lda), int(ldb))
-                {
-                    let e = |v: i64| v as c_int;
+impl GemmContext {
+    /// [`sgemm`] run as this context says (backend and kernels).
+    ///
+    /// # Panics
+    /// If a slice is shorter than its matrix (callers check shapes first).
+    #[allow(clippy::too_many_arguments)]
+    pub fn sgemm(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        a: &[f32],
+        b: &[f32],
+        beta: f32,
+        c: &mut [f32],
+    ) {
+        assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
+        if m == 0 || n == 0 {
+            return;
+        }
+        if let Some(cblas) = self.cblas() {
+            let t = |x| if x { CBLAS_TRANS } else { CBLAS_NO_TRANS };
+            let (ta, tb) = (t(trans_a), t(trans_b));
+            // Tight row-major leading dimensions; BLAS does not read C when beta is 0 (as the
+            // reference BLAS specifies).
+            let (lda, ldb) = (
+                if trans_a { m } else { k }.max(1),
+                if trans_b { k } else { n }.max(1),
+            );
+            let (pa, pb, pc) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+            match cblas.sgemm {
+                SgemmFn::Lp64(f) => {
+                    let int = |v: usize| c_int::try_from(v).ok();
+                    if let (Some(mi), Some(ni), Some(ki), Some(la), Some(lb)) =
+                        (int(m), int(n), int(k), int(lda), int(ldb))
+                    {
+                        let e = |v: i64| v as c_int;
+                        // SAFETY: row-major matrices of the asserted sizes.
+                        unsafe {
+                            f(
+                                e(CBLAS_ROW_MAJOR),
+                                e(ta),
+                                e(tb),
+                                mi,
+                                ni,
+                                ki,
+                                alpha,
+                                pa,
+                                la,
+                                pb,
+                                lb,
+                                beta,
+                                pc,
+                                ni,
+                            )
+                        };
+                        return;
+                    }
+                }
+                SgemmFn::Ilp64(f) => {
+                    let int = |v: usize| v as i64;
                     // SAFETY: row-major matrices of the asserted sizes.
                     unsafe {
                         f(
-                            e(CBLAS_ROW_MAJOR),
-                            e(ta),
-                            e(tb),
-                            mi,
-                            ni,
-                            ki,
+                            CBLAS_ROW_MAJOR,
+                            ta,
+                            tb,
+                            int(m),
+                            int(n),
+                            int(k),
                             alpha,
                             pa,
-                            la,
+                            int(lda),
                             pb,
-                            lb,
+                            int(ldb),
                             beta,
                             pc,
-                            ni,
+                            int(n),
                         )
                     };
                     return;
                 }
             }
-            SgemmFn::Ilp64(f) => {
-                let int = |v: usize| v as i64;
-                // SAFETY: row-major matrices of the asserted sizes.
-                unsafe {
-                    f(
-                        CBLAS_ROW_MAJOR,
-                        ta,
-                        tb,
-                        int(m),
-                        int(n),
-                        int(k),
-                        alpha,
-                        pa,
-                        int(lda),
-                        pb,
-                        int(ldb),
-                        beta,
-                        pc,
-                        int(n),
-                    )
-                };
-                return;
-            }
         }
+        // A loaded CBLAS library (above) takes every product: its worker threads spin after each
+        // call, and a second pool beside them would fight them for the cores.
+        #[cfg(target_arch = "x86_64")]
+        if let Some(isa) = self.small_kernels(trans_a, trans_b, m, n, k) {
+            small::sgemm(isa, trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+            return;
+        }
+        gemm_crate(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
     }
-    // A loaded CBLAS library (above) takes every product: its worker threads spin after each
-    // call, and a second pool beside them would fight them for the cores.
-    #[cfg(target_arch = "x86_64")]
-    if let Some(isa) = ctx.small_kernels(trans_a, trans_b, m, n, k) {
-        small::sgemm(isa, trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
-        return;
-    }
-    gemm_crate(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
 }
 
 /// The `gemm` crate, single-threaded per call; products of at least [`SPLIT_MNK`] multiply-adds

@@ -56,10 +56,9 @@ impl OpInstance {
     /// Instantiates `def` in `ws`: checks its schema, resolves its inputs (which must exist),
     /// creates its outputs and calls its factory.
     pub fn new(def: &OperatorDef, ws: &Arc<Workspace>) -> Result<OpInstance> {
-        let mut init = OpInit::new(def, ws);
         let op_type = def.r#type();
         let factory = ws.registry().resolve(def)?;
-        init.device = Device::of_option(def.device_option.as_ref())?;
+        let init = OpInit::on(def, ws, Device::of_option(def.device_option.as_ref())?);
         let mut inputs = Vec::with_capacity(def.input.len());
         for name in &def.input {
             match ws.get_blob(name) {
@@ -319,7 +318,7 @@ impl Workspace {
         let name = def.name();
         self.check_net_name_free(name, overwrite)?;
         let net: SharedNet = Arc::new(Mutex::new(Net::new(def, self)?));
-        self.insert_net(name, net.clone(), true)?;
+        self.insert_net(name, net.clone());
         Ok(net)
     }
 

@@ -56,13 +56,20 @@ pub struct OpInit<'a> {
 }
 
 impl<'a> OpInit<'a> {
-    /// For `def` in `ws`.
+    /// For `def` in `ws`, on the device its device option names (the host when that device
+    /// is not one ops can run on; [`OpInit::on`] takes a device already checked).
     pub fn new(def: &'a OperatorDef, ws: &'a Arc<Workspace>) -> Self {
+        let device = Device::of_option(def.device_option.as_ref()).unwrap_or_default();
+        Self::on(def, ws, device)
+    }
+
+    /// For `def` in `ws`, running on `device`.
+    pub fn on(def: &'a OperatorDef, ws: &'a Arc<Workspace>, device: Device) -> Self {
         OpInit {
             def,
             ws,
             args: Args::new(def),
-            device: Device::of_option(def.device_option.as_ref()).unwrap_or_default(),
+            device,
         }
     }
 
@@ -128,7 +135,7 @@ pub struct OpContext<'a> {
     pub def: &'a OperatorDef,
     /// The device the op runs on.
     pub device: Device,
-    /// How the op's matrix products run ([`crate::blas::sgemm_with`]).
+    /// How the op's matrix products run ([`crate::blas::GemmContext::sgemm`]).
     pub gemm: GemmContext,
     /// The device backend's per-device handles (stream, BLAS handle) for ops on a device;
     /// `None` on the host.

@@ -1,5 +1,5 @@
 //! Fully connected layers: FC (`Y = X W^T + b`), FCTransposed (`Y = X W + b`) and their
-//! gradient ops, on [`crate::blas::sgemm_with`] in the op context's GEMM context.
+//! gradient ops, on [`crate::blas::GemmContext::sgemm`] in the op context's GEMM context.
 //!
 //! X is flattened to `M x K` at `axis` (default 1), W to `N x K` (`K x N` transposed) at
 //! `axis_w` (default 1); Y has X's dims before `axis` followed by N.
