@@ -54,8 +54,11 @@ __all__ = [
 ]
 
 C = _native
-has_gpu_support = False
-has_cuda_support = False
+# Caffe2's flags: `has_cuda_support` says the build carries CUDA (the wheel always does: it
+# loads the driver at run time); `has_gpu_support` says a GPU can be used here and now, so
+# tests that put ops on CUDA run only where they can.
+has_cuda_support = bool(_native.cuda_built())
+has_gpu_support = has_cuda_support and _native.num_cuda_devices() > 0
 has_hip_support = False
 is_asan = False
 # net name -> op index -> Python stack where the op was added (filled by core.Net)
@@ -82,7 +85,8 @@ def GlobalInit(args):
 
 
 def NumCudaDevices():
-    return 0
+    """The number of CUDA devices (0 without a driver or GPU)."""
+    return _native.num_cuda_devices()
 
 
 NumGpuDevices = NumCudaDevices
@@ -124,6 +128,7 @@ def ResetWorkspace(root_folder=None):
     """Empties the current workspace (blobs and nets); optionally sets its root folder."""
     ws = _ws()
     ws.reset()
+    _native.cuda_empty_cache()
     ws.root_folder = "." if root_folder is None else str(root_folder)
     return True
 
@@ -208,8 +213,17 @@ def _tensor_proto_to_array(t):
 
 
 def FeedBlob(name, arr, device_option=None):
-    """Puts ``arr`` (numpy array, bytes/str, TensorProto) into blob ``name``. Returns True."""
-    return _feed(_ws(), name, arr)
+    """Puts ``arr`` (numpy array, bytes/str, TensorProto) into blob ``name``, on the device
+    ``device_option`` names (by default the current device scope's). Returns True."""
+    if device_option is None:
+        from . import scope
+
+        device_option = scope.CurrentDeviceScope()
+    ws = _ws()
+    _feed(ws, name, arr)
+    if device_option is not None and device_option.device_type == caffe2_pb2.CUDA:
+        ws.to_device(StringifyBlobName(name), int(device_option.device_id))
+    return True
 
 
 def FetchBlob(name):

@@ -10,6 +10,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod autodiff;
 mod blas;
 mod blob;
+mod cuda;
 mod errors;
 mod graph;
 
@@ -55,6 +56,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     blob::register(m)?;
     autodiff::register(m)?;
     blas::register(m)?;
+    cuda::register(m)?;
     workspace::register(m)?;
     Ok(())
 }

@@ -13,6 +13,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
 use ferrocaffe::proto::{self, NetDef, OperatorDef, PlanDef};
+
+use crate::errors::detach_guarded;
 use ferrocaffe::tensor::{DataType, Snapshot, Tensor};
 use ferrocaffe::workspace::{Blob, Workspace as CoreWorkspace};
 
@@ -156,6 +158,34 @@ impl PyWorkspace {
         let t = array_to_tensor(array)?;
         self.ws.feed(name, t);
         Ok(())
+    }
+
+    /// Moves the tensor of blob `name` to CUDA device `ordinal` (a copy; the blob then holds
+    /// the device tensor), or to the host when `ordinal` is None.
+    #[pyo3(signature = (name, ordinal))]
+    fn to_device(&self, py: Python<'_>, name: &str, ordinal: Option<u32>) -> PyResult<()> {
+        let ws = self.ws.clone();
+        detach_guarded(py, "FeedBlob", move || {
+            let h = ws.blob(name)?;
+            let mut b = h.write();
+            if let Blob::Tensor(t) = &*b {
+                let device = ordinal.map_or(ferrocaffe::device::Device::Cpu, ferrocaffe::device::Device::Cuda);
+                let moved = ferrocaffe::cuda::to_device(t, device)?;
+                *b = Blob::Tensor(moved);
+            }
+            Ok(())
+        })
+        .py()
+    }
+
+    /// The device a tensor blob lives on: None for the host, else the CUDA ordinal.
+    fn blob_device(&self, name: &str) -> PyResult<Option<u32>> {
+        let h = self.ws.blob(name).py()?;
+        let b = h.read();
+        Ok(match b.tensor().map(|t| t.device()) {
+            Some(ferrocaffe::device::Device::Cuda(i)) => Some(i),
+            _ => None,
+        })
     }
 
     /// Feeds a string tensor of the given shape.

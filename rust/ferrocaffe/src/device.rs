@@ -207,6 +207,8 @@ pub trait DeviceMemory: Send + Sync + 'static {
     /// # Errors
     /// A range outside the memory, or the backend's own failure.
     fn copy_to_host(&self, offset: usize, dst: &mut [u8]) -> Result<()>;
+    /// The memory as `Any`, so its backend can reach its own type (a device pointer).
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// The error host code gets for memory on another device.

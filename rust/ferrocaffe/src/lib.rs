@@ -27,6 +27,7 @@
 
 pub mod autodiff;
 pub mod blas;
+pub mod cuda;
 pub mod device;
 pub mod error;
 pub mod graph;

@@ -18,6 +18,8 @@ pub fn builtin_registry() -> Registry {
     crate::ops::cpu::register_all(&mut r);
     crate::net::control::register(&mut r);
     crate::rnn::register(&mut r);
+    // Last: CUDA kernels, and the CPU fallback on CUDA for every type registered above.
+    crate::cuda::register(&mut r);
     r
 }
 

@@ -626,6 +626,15 @@ impl Tensor {
         })
     }
 
+    /// The device memory behind the tensor and the byte offset of its first element; `None`
+    /// for host memory.
+    pub fn device_memory(&self) -> Option<(&dyn DeviceMemory, usize)> {
+        match &**self.storage.buffer() {
+            Buffer::Device(m) => Some((&**m, self.offset * self.dtype.item_size())),
+            _ => None,
+        }
+    }
+
     /// The tensor with its elements in host memory: itself (shared copy-on-write) when it is
     /// there already, else a copy from the device.
     ///
@@ -1074,6 +1083,9 @@ mod tests {
     struct FakeDeviceMemory(Vec<u8>);
 
     impl DeviceMemory for FakeDeviceMemory {
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
         fn device(&self) -> Device {
             Device::Cuda(0)
         }

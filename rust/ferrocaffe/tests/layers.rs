@@ -68,15 +68,35 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
             ][..],
         ),
         (
+            "cuda",
+            &[
+                "error",
+                "proto",
+                "device",
+                "tensor",
+                "workspace",
+                "ops",
+                "net",
+            ][..],
+        ),
+        (
             "runtime",
-            &["error", "proto", "workspace", "ops", "net", "rnn"][..],
+            &["error", "proto", "workspace", "ops", "net", "rnn", "cuda"][..],
         ),
     ])
 }
 
 /// Names reachable as `crate::<name>` that are macros or re-exports at the crate root, not
 /// modules.
-const ROOT_ITEMS: &[&str] = &["dispatch", "bail", "ensure", "err", "Error", "Result"];
+const ROOT_ITEMS: &[&str] = &[
+    "dispatch",
+    "bail",
+    "ensure",
+    "err",
+    "Error",
+    "Result",
+    "cuda_launch",
+];
 
 fn strip(text: &str) -> String {
     let body = match text.find("#[cfg(test)]") {

@@ -1,0 +1,64 @@
+//! `_native.cuda_*`: what the CUDA backend reports, its kernel sources (for the PTX check),
+//! and moving a blob to a device (`FeedBlob` with a CUDA device option).
+
+use pyo3::prelude::*;
+
+use crate::errors::{detach_guarded, IntoPy};
+
+/// Whether this build carries the CUDA backend.
+#[pyfunction]
+fn cuda_built() -> bool {
+    ferrocaffe::cuda::BUILT_WITH_CUDA
+}
+
+/// The number of CUDA devices (0 without a driver).
+#[pyfunction]
+fn num_cuda_devices() -> usize {
+    ferrocaffe::cuda::num_devices()
+}
+
+/// None when CUDA can be used, else the reason it cannot.
+#[pyfunction]
+fn cuda_unavailable_reason() -> Option<String> {
+    ferrocaffe::cuda::availability().err().map(|e| e.to_string())
+}
+
+/// `(module name, full CUDA C source)` of every kernel module.
+#[pyfunction]
+fn cuda_kernel_sources() -> Vec<(&'static str, String)> {
+    ferrocaffe::cuda::sources::all()
+}
+
+/// The options NVRTC compiles every module with.
+#[pyfunction]
+fn cuda_nvrtc_options() -> Vec<&'static str> {
+    ferrocaffe::cuda::sources::NVRTC_OPTIONS.to_vec()
+}
+
+/// Returns the cached device memory of every opened device to the driver.
+#[pyfunction]
+fn cuda_empty_cache(py: Python<'_>) -> PyResult<()> {
+    detach_guarded(py, "cuda_empty_cache", || {
+        ferrocaffe::cuda::empty_cache();
+        Ok(())
+    })
+    .py()
+}
+
+/// `(bytes in use, bytes cached)` of device `ordinal`'s memory pool.
+#[pyfunction]
+fn cuda_memory_stats(ordinal: u32) -> (usize, usize) {
+    let s = ferrocaffe::cuda::memory_stats(ordinal);
+    (s.in_use, s.cached)
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(cuda_built, m)?)?;
+    m.add_function(wrap_pyfunction!(num_cuda_devices, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_unavailable_reason, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_kernel_sources, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_nvrtc_options, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_empty_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_memory_stats, m)?)?;
+    Ok(())
+}

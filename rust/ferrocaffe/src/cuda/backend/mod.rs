@@ -1,0 +1,47 @@
+//! The CUDA backend (the `cuda` feature): devices, memory, kernels, cuBLAS, the op helpers
+//! kernels use, the CPU fallback, and registration.
+
+mod blas;
+mod device;
+mod fallback;
+mod memory;
+mod module;
+pub mod op;
+
+pub use blas::Gemm;
+pub use device::{
+    availability, device, device_of, empty_cache, num_devices, DeviceCtx, BUILT_WITH_CUDA,
+};
+pub use memory::{raw, to_device, CudaMemory, PoolStats};
+pub use module::{grid, rows, BLOCK};
+
+use crate::device::DeviceType;
+use crate::ops::registry::Registry;
+
+/// Types whose CPU kernel runs unchanged on CUDA: they run nested nets (whose ops carry their
+/// own device options) or manage workspaces, and touch no tensor data themselves.
+const DEVICE_AGNOSTIC: &[&str] = &["Do", "CreateScope", "HasScope"];
+
+/// Registers the CUDA kernels, then the CPU fallback for every other type of `r`.
+pub fn register(r: &mut Registry) {
+    super::ops::register(r);
+    for t in DEVICE_AGNOSTIC {
+        if let Some(f) = r.lookup(t, DeviceType::Cpu, "") {
+            r.register(t, DeviceType::Cuda, "", f);
+        }
+    }
+    let types: Vec<String> = r.types().iter().map(|s| s.to_string()).collect();
+    for t in types {
+        if r.lookup(&t, DeviceType::Cuda, "").is_none() {
+            r.register(&t, DeviceType::Cuda, "", fallback::create);
+        }
+    }
+}
+
+/// Bytes in use and cached on device `ordinal` (zeros before it is first used).
+pub fn memory_stats(ordinal: u32) -> PoolStats {
+    match device::opened(ordinal) {
+        Some(d) => d.pool.stats(),
+        None => PoolStats { in_use: 0, cached: 0 },
+    }
+}

@@ -1,0 +1,48 @@
+//! The CUDA entry points of a build without the `cuda` feature: no device, and CUDA ops
+//! refused with an error that names the build.
+
+use crate::error::{Error, Result};
+use crate::ops::registry::Registry;
+
+/// Whether this build has the CUDA backend.
+pub const BUILT_WITH_CUDA: bool = false;
+
+/// The number of CUDA devices: none in this build.
+pub fn num_devices() -> usize {
+    0
+}
+
+/// Why CUDA cannot be used here.
+pub fn availability() -> Result<()> {
+    Err(Error::Device(
+        "this build of ferrocaffe has no CUDA support (built without the `cuda` feature)".into(),
+    ))
+}
+
+/// Registers nothing: without the backend, CUDA ops fail at creation.
+pub fn register(_r: &mut Registry) {}
+
+/// Nothing is cached without the backend.
+pub fn empty_cache() {}
+
+/// Bytes in use and cached on a device's pool: always none here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Bytes in blocks tensors hold.
+    pub in_use: usize,
+    /// Bytes in blocks kept for reuse.
+    pub cached: usize,
+}
+
+/// Always zeros without the backend.
+pub fn memory_stats(_ordinal: u32) -> PoolStats {
+    PoolStats { in_use: 0, cached: 0 }
+}
+
+/// Without the backend a tensor can only be on the host.
+pub fn to_device(t: &crate::tensor::Tensor, device: crate::device::Device) -> Result<crate::tensor::Tensor> {
+    match device {
+        crate::device::Device::Cpu => t.to_host(),
+        _ => availability().map(|_| t.clone()),
+    }
+}
