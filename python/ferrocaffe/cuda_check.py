@@ -55,7 +55,9 @@ def _site_dirs():
 def find_nvrtc() -> str | None:
     """The path or name of an NVRTC library: the pip wheel's first, then the system's."""
     for d in _site_dirs():
-        for lib in sorted(glob.glob(os.path.join(d, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so*"))):
+        for lib in sorted(
+            glob.glob(os.path.join(d, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so*"))
+        ):
             if "builtins" not in lib and ".alt." not in lib:
                 return lib
     for name in ("libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"):
@@ -144,7 +146,9 @@ def check_ptx(sources=None, out=print) -> tuple[int, int]:
     with tempfile.TemporaryDirectory() as tmp:
         for name, src in sources:
             for arch in ARCHES:
-                ptx, log = nvrtc.compile(name, src, base_opts + [f"--gpu-architecture=compute_{arch}"])
+                ptx, log = nvrtc.compile(
+                    name, src, base_opts + [f"--gpu-architecture=compute_{arch}"]
+                )
                 if ptx is None:
                     failed += 1
                     out(f"FAIL {name} compute_{arch}: NVRTC\n{log}")
@@ -300,8 +304,12 @@ def replay_corpora(golden: str, corpora=("ops", "models", "rnn"), out=print, sho
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ferrocaffe.cuda_check", description=__doc__.split("\n\n")[0])
-    p.add_argument("--ptx", action="store_true", help="compile and assemble every kernel (no GPU needed)")
+    p = argparse.ArgumentParser(
+        prog="python -m ferrocaffe.cuda_check", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--ptx", action="store_true", help="compile and assemble every kernel (no GPU needed)"
+    )
     p.add_argument("--sources", help="read the kernel modules from this folder instead")
     p.add_argument("--golden", default=None, help="golden corpus folder (default tests/golden)")
     p.add_argument("--corpora", default="ops,models,rnn")

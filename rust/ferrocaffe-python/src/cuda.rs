@@ -20,7 +20,9 @@ fn num_cuda_devices() -> usize {
 /// None when CUDA can be used, else the reason it cannot.
 #[pyfunction]
 fn cuda_unavailable_reason() -> Option<String> {
-    ferrocaffe::cuda::availability().err().map(|e| e.to_string())
+    ferrocaffe::cuda::availability()
+        .err()
+        .map(|e| e.to_string())
 }
 
 /// `(module name, full CUDA C source)` of every kernel module.
@@ -52,6 +54,29 @@ fn cuda_memory_stats(ordinal: u32) -> (usize, usize) {
     (s.in_use, s.cached)
 }
 
+/// Waits until every opened CUDA device has finished its queued work.
+#[pyfunction]
+fn cuda_synchronize(py: Python<'_>) -> PyResult<()> {
+    detach_guarded(py, "cuda_synchronize", ferrocaffe::cuda::synchronize_all).py()
+}
+
+/// Seconds per bare cuBLAS sgemm of `[m, k] x [k, n]` on device `ordinal` (a reference).
+#[pyfunction]
+#[pyo3(signature = (m, n, k, iters=20, ordinal=0))]
+fn cuda_sgemm_seconds(
+    py: Python<'_>,
+    m: usize,
+    n: usize,
+    k: usize,
+    iters: usize,
+    ordinal: u32,
+) -> PyResult<f64> {
+    detach_guarded(py, "cuda_sgemm_seconds", || {
+        ferrocaffe::cuda::bench::sgemm_seconds(ordinal, m, n, k, iters)
+    })
+    .py()
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_built, m)?)?;
     m.add_function(wrap_pyfunction!(num_cuda_devices, m)?)?;
@@ -60,5 +85,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_nvrtc_options, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_empty_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_synchronize, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_sgemm_seconds, m)?)?;
     Ok(())
 }

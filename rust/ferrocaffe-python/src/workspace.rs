@@ -169,7 +169,10 @@ impl PyWorkspace {
             let h = ws.blob(name)?;
             let mut b = h.write();
             if let Blob::Tensor(t) = &*b {
-                let device = ordinal.map_or(ferrocaffe::device::Device::Cpu, ferrocaffe::device::Device::Cuda);
+                let device = ordinal.map_or(
+                    ferrocaffe::device::Device::Cpu,
+                    ferrocaffe::device::Device::Cuda,
+                );
                 let moved = ferrocaffe::cuda::to_device(t, device)?;
                 *b = Blob::Tensor(moved);
             }

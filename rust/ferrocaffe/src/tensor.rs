@@ -788,7 +788,8 @@ impl Tensor {
     /// allocating a zeroed one (which detaches it from any alias). Views keep their offset only
     /// when the new size fits.
     pub fn reset(&mut self, dtype: DataType, dims: &[usize]) {
-        if self.dtype == dtype && self.dims == dims {
+        // A tensor on a device is replaced by host memory: host code writes what follows.
+        if self.dtype == dtype && self.dims == dims && self.is_host() {
             return;
         }
         let n = checked_numel(dims);

@@ -41,7 +41,10 @@ mod tests {
             let (n, src) = find(name).unwrap();
             assert_eq!(n, *name);
             assert!(src.starts_with(PRELUDE));
-            assert!(src.contains("extern \"C\" __global__"), "{name} defines no kernel");
+            assert!(
+                src.contains("extern \"C\" __global__"),
+                "{name} defines no kernel"
+            );
         }
         assert!(find("no such module").is_none());
     }

@@ -36,13 +36,34 @@ pub struct PoolStats {
 
 /// Always zeros without the backend.
 pub fn memory_stats(_ordinal: u32) -> PoolStats {
-    PoolStats { in_use: 0, cached: 0 }
+    PoolStats {
+        in_use: 0,
+        cached: 0,
+    }
 }
 
 /// Without the backend a tensor can only be on the host.
-pub fn to_device(t: &crate::tensor::Tensor, device: crate::device::Device) -> Result<crate::tensor::Tensor> {
+pub fn to_device(
+    t: &crate::tensor::Tensor,
+    device: crate::device::Device,
+) -> Result<crate::tensor::Tensor> {
     match device {
         crate::device::Device::Cpu => t.to_host(),
         _ => availability().map(|_| t.clone()),
+    }
+}
+
+/// Nothing to wait for without the backend.
+pub fn synchronize_all() -> Result<()> {
+    Ok(())
+}
+
+/// Reference timings: none without the backend.
+pub mod bench {
+    use crate::error::Result;
+
+    /// Refused: no CUDA in this build.
+    pub fn sgemm_seconds(_o: u32, _m: usize, _n: usize, _k: usize, _i: usize) -> Result<f64> {
+        super::availability().map(|_| 0.0)
     }
 }

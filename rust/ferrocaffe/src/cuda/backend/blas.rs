@@ -146,11 +146,11 @@ impl DeviceCtx {
             return Ok(());
         }
         self.bind()?;
-        let bytes = n.checked_mul(4).ok_or_else(|| Error::InvalidArgument("size overflows".into()))?;
+        let bytes = n
+            .checked_mul(4)
+            .ok_or_else(|| Error::InvalidArgument("size overflows".into()))?;
         // SAFETY: callers pass an address holding `n` floats of this device.
-        unsafe {
-            cudarc::driver::result::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream())
-        }
-        .map_err(|e| Error::Device(format!("cuMemsetD8Async failed: {e:?}")))
+        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream()) }
+            .map_err(|e| Error::Device(format!("cuMemsetD8Async failed: {e:?}")))
     }
 }

@@ -54,8 +54,7 @@ fn driver_state() -> &'static std::result::Result<usize, String> {
             return Err("the CUDA driver library (libcuda) was not found".into());
         }
         let probe = std::panic::catch_unwind(|| {
-            cudarc::driver::result::init()
-                .map_err(|e| format!("cuInit failed: {e:?}"))?;
+            cudarc::driver::result::init().map_err(|e| format!("cuInit failed: {e:?}"))?;
             cudarc::driver::result::device::get_count()
                 .map_err(|e| format!("cuDeviceGetCount failed: {e:?}"))
         });
@@ -185,16 +184,25 @@ pub fn empty_cache() {
 impl DeviceCtx {
     /// Waits for everything queued on the device's stream.
     pub fn synchronize(&self) -> Result<()> {
-        self.stream.synchronize().map_err(|e| driver_error("synchronize", e))
+        self.stream
+            .synchronize()
+            .map_err(|e| driver_error("synchronize", e))
     }
 
     /// Makes this device's context current on the calling thread.
     pub fn bind(&self) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(|e| driver_error("cuCtxSetCurrent", e))
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_error("cuCtxSetCurrent", e))
     }
 }
 
 /// The context of `ordinal` if it has been opened.
 pub(super) fn opened(ordinal: u32) -> Option<Arc<DeviceCtx>> {
     table().lock().get(&ordinal).cloned()
+}
+
+/// Every opened device.
+pub(super) fn opened_all() -> Vec<Arc<DeviceCtx>> {
+    table().lock().values().cloned().collect()
 }

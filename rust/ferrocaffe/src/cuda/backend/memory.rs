@@ -164,8 +164,7 @@ impl DeviceCtx {
         }
         if t.dtype() == DataType::String {
             return Err(Error::DtypeMismatch(
-                "string tensors live on the host only and cannot be copied to a CUDA device"
-                    .into(),
+                "string tensors live on the host only and cannot be copied to a CUDA device".into(),
             ));
         }
         let host = t.to_host()?;
@@ -277,7 +276,9 @@ pub fn raw(t: &Tensor) -> Result<(u64, usize)> {
                 m.device()
             ))),
         },
-        None => Err(Error::Device("a host tensor where a CUDA tensor was expected".into())),
+        None => Err(Error::Device(
+            "a host tensor where a CUDA tensor was expected".into(),
+        )),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The CUDA backend (the `cuda` feature): devices, memory, kernels, cuBLAS, the op helpers
 //! kernels use, the CPU fallback, and registration.
 
+pub mod bench;
 mod blas;
 mod device;
 mod fallback;
@@ -8,6 +9,7 @@ mod memory;
 mod module;
 pub mod op;
 
+pub use bench::synchronize_all;
 pub use blas::Gemm;
 pub use device::{
     availability, device, device_of, empty_cache, num_devices, DeviceCtx, BUILT_WITH_CUDA,
@@ -19,8 +21,23 @@ use crate::device::DeviceType;
 use crate::ops::registry::Registry;
 
 /// Types whose CPU kernel runs unchanged on CUDA: they run nested nets (whose ops carry their
-/// own device options) or manage workspaces, and touch no tensor data themselves.
-const DEVICE_AGNOSTIC: &[&str] = &["Do", "CreateScope", "HasScope"];
+/// own device options), manage workspaces, or only change a tensor's shape (sharing its
+/// memory, wherever it lives) or read it (`Shape`, `Size`: their outputs stay on the host, as
+/// Caffe2's did); they touch no tensor data on the device.
+const DEVICE_AGNOSTIC: &[&str] = &[
+    "Do",
+    "CreateScope",
+    "HasScope",
+    "Reshape",
+    "Flatten",
+    "FlattenToVec",
+    "ResizeLike",
+    "ExpandDims",
+    "Squeeze",
+    "Alias",
+    "Shape",
+    "Size",
+];
 
 /// Registers the CUDA kernels, then the CPU fallback for every other type of `r`.
 pub fn register(r: &mut Registry) {
@@ -42,6 +59,9 @@ pub fn register(r: &mut Registry) {
 pub fn memory_stats(ordinal: u32) -> PoolStats {
     match device::opened(ordinal) {
         Some(d) => d.pool.stats(),
-        None => PoolStats { in_use: 0, cached: 0 },
+        None => PoolStats {
+            in_use: 0,
+            cached: 0,
+        },
     }
 }

@@ -49,26 +49,31 @@ impl DeviceCtx {
     }
 
     fn module(self: &Arc<Self>, module: &str) -> Result<Arc<cudarc::driver::CudaModule>> {
-        let (key, src) = sources::find(module).ok_or_else(|| {
-            Error::Device(format!("no CUDA kernel source named '{module}'"))
-        })?;
+        let (key, src) = sources::find(module)
+            .ok_or_else(|| Error::Device(format!("no CUDA kernel source named '{module}'")))?;
         if let Some(m) = self.modules.lock().get(key) {
             return Ok(m.clone());
         }
         let opts = CompileOptions {
             arch: self.arch,
             name: Some(format!("{key}.cu")),
-            options: sources::NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect(),
+            options: sources::NVRTC_OPTIONS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             ..Default::default()
         };
         let compiled = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(src, opts))
             .map_err(|_| Error::Device("NVRTC could not be loaded".into()))?;
         let ptx = compiled.map_err(|e| {
-            Error::Device(format!("NVRTC failed to compile CUDA module '{key}': {e:?}"))
+            Error::Device(format!(
+                "NVRTC failed to compile CUDA module '{key}': {e:?}"
+            ))
         })?;
-        let m = self.ctx.load_module(ptx).map_err(|e| {
-            Error::Device(format!("loading CUDA module '{key}' failed: {e:?}"))
-        })?;
+        let m = self
+            .ctx
+            .load_module(ptx)
+            .map_err(|e| Error::Device(format!("loading CUDA module '{key}' failed: {e:?}")))?;
         self.modules.lock().insert(key, m.clone());
         Ok(m)
     }

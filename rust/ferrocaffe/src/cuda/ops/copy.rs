@@ -9,7 +9,12 @@ use crate::ops::registry::Registry;
 
 /// Registers the copy operators.
 pub fn register(r: &mut Registry) {
-    for t in ["CopyCPUToGPU", "CopyFromCPUInput", "CopyOnDeviceLike", "Copy"] {
+    for t in [
+        "CopyCPUToGPU",
+        "CopyFromCPUInput",
+        "CopyOnDeviceLike",
+        "Copy",
+    ] {
         r.register(t, DeviceType::Cuda, "", create_to_device);
     }
     for t in ["CopyGPUToCPU", "EnsureCPUOutput"] {
@@ -23,7 +28,11 @@ fn create_to_device(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     Ok(Box::new(FnOp(|ctx: &mut OpContext<'_>| {
         let dev = device(ctx)?;
         let x = ctx.input(0)?;
-        let y = if x.is_host() { dev.upload(x)? } else { dev.duplicate(x)? };
+        let y = if x.is_host() {
+            dev.upload(x)?
+        } else {
+            dev.duplicate(x)?
+        };
         *ctx.output(0)? = y;
         Ok(())
     })))
@@ -34,7 +43,11 @@ fn create_to_host(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     init_device(init)?;
     Ok(Box::new(FnOp(|ctx: &mut OpContext<'_>| {
         let x = ctx.input(0)?;
-        let y = if x.is_host() { x.deep_copy() } else { x.to_host()? };
+        let y = if x.is_host() {
+            x.deep_copy()
+        } else {
+            x.to_host()?
+        };
         *ctx.output(0)? = y;
         Ok(())
     })))

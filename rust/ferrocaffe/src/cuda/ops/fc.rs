@@ -14,8 +14,12 @@ use crate::{bail, err};
 pub fn register(r: &mut Registry) {
     r.register("FC", DeviceType::Cuda, "", |i| create_fc(i, false));
     r.register("FCTransposed", DeviceType::Cuda, "", |i| create_fc(i, true));
-    r.register("FCGradient", DeviceType::Cuda, "", |i| create_fc_grad(i, false));
-    r.register("FCTransposedGradient", DeviceType::Cuda, "", |i| create_fc_grad(i, true));
+    r.register("FCGradient", DeviceType::Cuda, "", |i| {
+        create_fc_grad(i, false)
+    });
+    r.register("FCTransposedGradient", DeviceType::Cuda, "", |i| {
+        create_fc_grad(i, true)
+    });
     r.register("MatMul", DeviceType::Cuda, "", create_matmul);
     r.register("BatchMatMul", DeviceType::Cuda, "", create_batch_matmul);
 }
@@ -65,7 +69,15 @@ fn create_fc(init: &OpInit<'_>, transposed: bool) -> Result<Box<dyn Operator>> {
         }
         let (y, yp) = new_tensor(&dev, DataType::Float, &ydims)?;
         if m * n > 0 {
-            let g = Gemm { trans_a: false, trans_b: !transposed, m, n, k, alpha: 1.0, beta: 0.0 };
+            let g = Gemm {
+                trans_a: false,
+                trans_b: !transposed,
+                m,
+                n,
+                k,
+                alpha: 1.0,
+                beta: 0.0,
+            };
             if k == 0 {
                 dev.fill_zero(yp, m * n)?;
             } else {
@@ -94,10 +106,26 @@ fn create_fc_grad(init: &OpInit<'_>, transposed: bool) -> Result<Box<dyn Operato
         // dW = dY^T X ([n, k]) or X^T dY ([k, n]) when transposed.
         let (dw, dwp) = new_tensor(&dev, DataType::Float, w.dims())?;
         if transposed {
-            let g = Gemm { trans_a: true, trans_b: false, m: k, n, k: m, alpha: 1.0, beta: 0.0 };
+            let g = Gemm {
+                trans_a: true,
+                trans_b: false,
+                m: k,
+                n,
+                k: m,
+                alpha: 1.0,
+                beta: 0.0,
+            };
             dev.sgemm_or_zero(g, x.ptr, dy.ptr, dwp)?;
         } else {
-            let g = Gemm { trans_a: true, trans_b: false, m: n, n: k, k: m, alpha: 1.0, beta: 0.0 };
+            let g = Gemm {
+                trans_a: true,
+                trans_b: false,
+                m: n,
+                n: k,
+                k: m,
+                alpha: 1.0,
+                beta: 0.0,
+            };
             dev.sgemm_or_zero(g, dy.ptr, x.ptr, dwp)?;
         }
         let (db, dbp) = new_tensor(&dev, DataType::Float, &[n])?;
@@ -109,7 +137,15 @@ fn create_fc_grad(init: &OpInit<'_>, transposed: bool) -> Result<Box<dyn Operato
         if ctx.num_outputs() > 2 {
             // dX = dY W ([m, k]) or dY W^T.
             let (dx, dxp) = new_tensor(&dev, DataType::Float, x.dims())?;
-            let g = Gemm { trans_a: false, trans_b: transposed, m, n: k, k: n, alpha: 1.0, beta: 0.0 };
+            let g = Gemm {
+                trans_a: false,
+                trans_b: transposed,
+                m,
+                n: k,
+                k: n,
+                alpha: 1.0,
+                beta: 0.0,
+            };
             dev.sgemm_or_zero(g, dy.ptr, w.ptr, dxp)?;
             set_output(ctx, 2, dx)?;
         }
@@ -128,8 +164,9 @@ fn create_matmul(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         let a = input_f32(ctx, &dev, 0)?;
         let b = input_f32(ctx, &dev, 1)?;
         let flat = |d: &[usize], ax: i64, what: &str| -> Result<(usize, usize)> {
-            let c = canonical(ax, d.len())
-                .ok_or_else(|| err!(BadArgument: "axis {ax} out of range for {what} of shape {d:?}"))?;
+            let c = canonical(ax, d.len()).ok_or_else(
+                || err!(BadArgument: "axis {ax} out of range for {what} of shape {d:?}"),
+            )?;
             Ok((d[..c].iter().product(), d[c..].iter().product()))
         };
         let (a0, a1) = flat(a.dims(), axis_a, "A")?;
@@ -140,7 +177,15 @@ fn create_matmul(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
             bail!(ShapeMismatch: "Matrix dimensions do not match: A {:?}, B {:?} (K = {k} vs {kb})", a.dims(), b.dims());
         }
         let (y, yp) = new_tensor(&dev, DataType::Float, &[m, n])?;
-        let g = Gemm { trans_a: ta, trans_b: tb, m, n, k, alpha: 1.0, beta: 0.0 };
+        let g = Gemm {
+            trans_a: ta,
+            trans_b: tb,
+            m,
+            n,
+            k,
+            alpha: 1.0,
+            beta: 0.0,
+        };
         dev.sgemm_or_zero(g, a.ptr, b.ptr, yp)?;
         set_output(ctx, 0, y)
     })))
@@ -171,15 +216,31 @@ fn create_batch_matmul(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
             bail!(ShapeMismatch: "BatchMatMul batch dims differ: A {ad:?}, B {bd:?}");
         };
         let batch: usize = batch_dims.iter().product();
-        let (m, k) = if ta { (ad[ra - 1], ad[ra - 2]) } else { (ad[ra - 2], ad[ra - 1]) };
-        let (kb, n) = if tb { (bd[rb - 1], bd[rb - 2]) } else { (bd[rb - 2], bd[rb - 1]) };
+        let (m, k) = if ta {
+            (ad[ra - 1], ad[ra - 2])
+        } else {
+            (ad[ra - 2], ad[ra - 1])
+        };
+        let (kb, n) = if tb {
+            (bd[rb - 1], bd[rb - 2])
+        } else {
+            (bd[rb - 2], bd[rb - 1])
+        };
         if k != kb {
             bail!(ShapeMismatch: "BatchMatMul inner dims differ: A {ad:?}, B {bd:?} (K = {k} vs {kb})");
         }
         let mut ydims = batch_dims;
         ydims.extend([m, n]);
         let (y, yp) = new_tensor(&dev, DataType::Float, &ydims)?;
-        let g = Gemm { trans_a: ta, trans_b: tb, m, n, k, alpha: 1.0, beta: 0.0 };
+        let g = Gemm {
+            trans_a: ta,
+            trans_b: tb,
+            m,
+            n,
+            k,
+            alpha: 1.0,
+            beta: 0.0,
+        };
         if k == 0 {
             dev.fill_zero(yp, batch * m * n)?;
         } else {

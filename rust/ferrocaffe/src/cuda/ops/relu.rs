@@ -1,7 +1,7 @@
 //! Relu and ReluGradient.
 
-use crate::cuda::op::{device, init_device, input_f32, n64, new_tensor, set_output};
 use crate::cuda::grid;
+use crate::cuda::op::{device, init_device, input_f32, n64, new_tensor, set_output};
 use crate::cuda_launch;
 use crate::device::DeviceType;
 use crate::error::Result;
