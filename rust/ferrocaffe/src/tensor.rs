@@ -777,6 +777,24 @@ impl Tensor {
         }
     }
 
+    /// Whether the buffer (host or device) belongs to this tensor's storage alone: views of
+    /// this tensor share it, no other tensor does. A device backend writes such a buffer in
+    /// place, as host kernels write an owned one.
+    pub fn buffer_is_unshared(&self) -> bool {
+        Arc::strong_count(self.storage.buffer()) == 1
+    }
+
+    /// Gives the tensor new dims over its current buffer when the element count and dtype
+    /// allow (no data is touched, on any device); false when they do not.
+    pub fn try_reshape_in_place(&mut self, dtype: DataType, dims: &[usize]) -> bool {
+        if self.dtype != dtype || checked_numel(dims) != self.numel() {
+            return false;
+        }
+        self.dims.clear();
+        self.dims.extend_from_slice(dims);
+        true
+    }
+
     /// Whether writing would not copy: the buffer belongs to this storage alone and is owned.
     fn owns_buffer(&self) -> bool {
         let b = self.storage.buffer();

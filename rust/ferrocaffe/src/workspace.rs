@@ -346,6 +346,16 @@ impl Workspace {
             .clone()
     }
 
+    /// The handle of `name` in this workspace's own blobs, created empty when absent: it
+    /// shadows a blob of that name in the parent.
+    pub fn create_local_blob(&self, name: &str) -> BlobHandle {
+        self.blobs
+            .write()
+            .entry(name.to_string())
+            .or_insert_with(|| Arc::new(RwLock::new(Blob::Empty)))
+            .clone()
+    }
+
     /// A blob that must exist, with a Caffe2-style error otherwise.
     pub fn blob(&self, name: &str) -> Result<BlobHandle> {
         self.get_blob(name)

@@ -3,7 +3,6 @@
 //! private child workspace, and its tensor outputs are copied to the op's device, so a CUDA
 //! net keeps its outputs on the GPU whatever ops it holds.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::device::DeviceCtx;
@@ -11,20 +10,20 @@ use super::op::init_device;
 use crate::error::Result;
 use crate::net::OpInstance;
 use crate::ops::operator::{OpContext, OpInit, Operator};
-use crate::proto::{DeviceOption, OperatorDef};
+use crate::proto::{DeviceOption, NetDef, OperatorDef};
 use crate::tensor::DataType;
 use crate::workspace::{Blob, Workspace};
 
 /// The factory registered on CUDA for every type that has no CUDA kernel.
 pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let dev = init_device(init)?;
-    // The CPU kernel must exist (and accept the arguments): create it once now.
     let mut op = Fallback {
         dev,
         def: init.def.clone(),
-        local: Workspace::new_child(init.ws),
-        instances: HashMap::new(),
+        parent: init.ws.clone(),
+        current: None,
     };
+    // The CPU kernel must exist (and accept the arguments): create it once now.
     op.instance(&vec![false; init.def.input.len()])?;
     Ok(Box::new(op))
 }
@@ -32,56 +31,77 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
 struct Fallback {
     dev: Arc<DeviceCtx>,
     def: OperatorDef,
-    local: Arc<Workspace>,
-    /// The CPU op by which inputs are copied (true: input `i` came from the device).
-    instances: HashMap<Vec<bool>, OpInstance>,
-}
-
-fn local_input(i: usize) -> String {
-    format!("__cuda_fallback_in_{i}")
+    parent: Arc<Workspace>,
+    /// The CPU op for the current set of copied inputs (true: input `i` lives on a device and
+    /// is shadowed, under its own name, by a host copy in the private child workspace).
+    current: Option<(Vec<bool>, Arc<Workspace>, OpInstance)>,
 }
 
 impl Fallback {
-    /// The local name output `j` is written under, when it is a copied input's.
-    fn output_alias(&self, copied: &[bool], j: usize) -> Option<usize> {
+    /// Whether output `j` is written to a shadowed input (the op runs in place on it).
+    fn shadowed_output(&self, copied: &[bool], j: usize) -> bool {
         let name = &self.def.output[j];
         self.def
             .input
             .iter()
             .enumerate()
-            .find(|(i, n)| *n == name && copied[*i])
-            .map(|(i, _)| i)
+            .any(|(i, n)| n == name && copied[i])
     }
 
-    fn instance(&mut self, copied: &[bool]) -> Result<&mut OpInstance> {
-        if !self.instances.contains_key(copied) {
-            let mut def = self.def.clone();
-            for (i, name) in def.input.iter_mut().enumerate() {
+    fn instance(&mut self, copied: &[bool]) -> Result<(Arc<Workspace>, &mut OpInstance)> {
+        let stale = self.current.as_ref().is_none_or(|(c, _, _)| c != copied);
+        if stale {
+            // Shadows are made before the op (and any net it runs) resolves its names, so
+            // every reference to a copied input finds the host copy.
+            let local = Workspace::new_child(&self.parent);
+            for (i, name) in self.def.input.iter().enumerate() {
                 if copied[i] {
-                    *name = local_input(i);
+                    local.create_local_blob(name);
                 }
             }
-            for j in 0..def.output.len() {
-                if let Some(i) = self.output_alias(copied, j) {
-                    def.output[j] = local_input(i);
+            let mut def = self.def.clone();
+            on_host(&mut def.device_option);
+            // Nets the op runs (a recurrent network's step nets) run on the host with it.
+            for a in &mut def.arg {
+                if let Some(n) = a.n.as_mut() {
+                    net_on_host(n);
                 }
+                a.nets.iter_mut().for_each(net_on_host);
             }
-            let seed = self.def.device_option.as_ref().and_then(|d| d.random_seed);
-            def.device_option = Some(DeviceOption {
-                device_type: Some(0),
-                random_seed: seed,
-                ..Default::default()
-            });
-            for i in (0..copied.len()).filter(|&i| copied[i]) {
-                self.local.create_blob(&local_input(i));
-            }
-            let inst = OpInstance::new(&def, &self.local)?;
-            self.instances.insert(copied.to_vec(), inst);
+            let inst = OpInstance::new(&def, &local)?;
+            self.current = Some((copied.to_vec(), local, inst));
         }
-        Ok(self
-            .instances
-            .get_mut(copied)
-            .unwrap_or_else(|| unreachable!("inserted above")))
+        match self.current.as_mut() {
+            Some((_, ws, inst)) => Ok((ws.clone(), inst)),
+            None => Err(crate::err!(Runtime: "internal: no fallback instance")),
+        }
+    }
+}
+
+/// A device option placed on the host, its random seed kept.
+fn on_host(option: &mut Option<DeviceOption>) {
+    let seed = option.as_ref().and_then(|d| d.random_seed);
+    *option = Some(DeviceOption {
+        device_type: Some(0),
+        random_seed: seed,
+        ..Default::default()
+    });
+}
+
+fn net_on_host(net: &mut NetDef) {
+    if net.device_option.is_some() {
+        on_host(&mut net.device_option);
+    }
+    for op in &mut net.op {
+        if op.device_option.is_some() {
+            on_host(&mut op.device_option);
+        }
+        for a in &mut op.arg {
+            if let Some(n) = a.n.as_mut() {
+                net_on_host(n);
+            }
+            a.nets.iter_mut().for_each(net_on_host);
+        }
     }
 }
 
@@ -106,8 +126,7 @@ impl Operator for Fallback {
         // Outputs that are not inputs: a device tensor left there by an earlier run is
         // dropped, so the CPU kernel writes a host tensor.
         for j in 0..ctx.num_outputs() {
-            let name = &self.def.output[j];
-            if self.def.input.contains(name) {
+            if self.def.input.contains(&self.def.output[j]) {
                 continue;
             }
             let mut g = ctx.output_handle(j).write();
@@ -115,24 +134,27 @@ impl Operator for Fallback {
                 *g = Blob::Empty;
             }
         }
+        let local = self.instance(&copied)?.0;
         for (i, t) in host {
-            *self.local.create_blob(&local_input(i)).write() = Blob::Tensor(t);
+            *local.create_local_blob(&self.def.input[i]).write() = Blob::Tensor(t);
         }
-        let local = self.local.clone();
-        self.instance(&copied)?.run(&local)?;
+        {
+            let (local, inst) = self.instance(&copied)?;
+            inst.run(&local)?;
+        }
         for j in 0..ctx.num_outputs() {
-            let mut g = ctx.output_handle(j).write();
-            match self.output_alias(&copied, j) {
-                Some(i) => {
-                    let h = self.local.create_blob(&local_input(i));
-                    let taken = std::mem::take(&mut *h.write());
-                    *g = self.on_device(taken)?;
-                }
-                None => {
-                    let taken = std::mem::take(&mut *g);
-                    *g = self.on_device(taken)?;
-                }
+            if self.def.output[..j].contains(&self.def.output[j]) {
+                continue; // a repeated output: moved with its first occurrence
             }
+            let mut g = ctx.output_handle(j).write();
+            let taken = if self.shadowed_output(&copied, j) {
+                let h = local.create_local_blob(&self.def.output[j]);
+                let mut lg = h.write();
+                std::mem::take(&mut *lg)
+            } else {
+                std::mem::take(&mut *g)
+            };
+            *g = self.on_device(taken)?;
         }
         Ok(())
     }

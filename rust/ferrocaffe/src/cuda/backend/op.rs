@@ -77,6 +77,57 @@ pub fn new_tensor(dev: &Arc<DeviceCtx>, dtype: DataType, dims: &[usize]) -> Resu
     Ok((t, p))
 }
 
+/// The device address to write output `j` at, as a `dtype` tensor of `dims` on `dev`: the
+/// output's own memory when it already holds such a tensor there whose buffer no other tensor
+/// shares (as CPU kernels write into their outputs; a recurrent network's step outputs are
+/// views into its sequence tensors and must be written in place), else new pool memory. An
+/// output that is also an input of the op always gets new memory, so kernels never read what
+/// they are writing.
+pub fn output_tensor(
+    ctx: &mut OpContext<'_>,
+    dev: &Arc<DeviceCtx>,
+    j: usize,
+    dtype: DataType,
+    dims: &[usize],
+) -> Result<u64> {
+    let is_input = (0..ctx.num_inputs()).any(|i| ctx.is_inplace(i, j));
+    output_memory(ctx, dev, j, dtype, dims, !is_input)
+}
+
+/// [`output_tensor`] for element-wise kernels (element `i` of the output depends on element
+/// `i` of the inputs only): an output that is also an input is written in place too.
+pub fn output_elementwise(
+    ctx: &mut OpContext<'_>,
+    dev: &Arc<DeviceCtx>,
+    j: usize,
+    dtype: DataType,
+    dims: &[usize],
+) -> Result<u64> {
+    output_memory(ctx, dev, j, dtype, dims, true)
+}
+
+fn output_memory(
+    ctx: &mut OpContext<'_>,
+    dev: &Arc<DeviceCtx>,
+    j: usize,
+    dtype: DataType,
+    dims: &[usize],
+    may_reuse: bool,
+) -> Result<u64> {
+    let here = crate::device::Device::Cuda(dev.ordinal);
+    let out = ctx.output(j)?;
+    if may_reuse
+        && out.device() == here
+        && out.buffer_is_unshared()
+        && out.try_reshape_in_place(dtype, dims)
+    {
+        return Ok(raw(out)?.0);
+    }
+    let (t, p) = new_tensor(dev, dtype, dims)?;
+    *out = t;
+    Ok(p)
+}
+
 /// Stores `t` as output `j`.
 pub fn set_output(ctx: &mut OpContext<'_>, j: usize, t: Tensor) -> Result<()> {
     *ctx.output(j)? = t;

@@ -1,6 +1,6 @@
 //! FC, FCTransposed and their gradients, MatMul and BatchMatMul, on cuBLAS.
 
-use crate::cuda::op::{device, init_device, input_f32, n64, new_tensor, set_output};
+use crate::cuda::op::{device, init_device, input_f32, n64, output_tensor};
 use crate::cuda::{grid, Gemm};
 use crate::cuda_launch;
 use crate::device::DeviceType;
@@ -67,7 +67,7 @@ fn create_fc(init: &OpInit<'_>, transposed: bool) -> Result<Box<dyn Operator>> {
         if b.numel() != n {
             bail!(ShapeMismatch: "bias of {} elements for an FC with {n} outputs", b.numel());
         }
-        let (y, yp) = new_tensor(&dev, DataType::Float, &ydims)?;
+        let yp = output_tensor(ctx, &dev, 0, DataType::Float, &ydims)?;
         if m * n > 0 {
             let g = Gemm {
                 trans_a: false,
@@ -85,7 +85,7 @@ fn create_fc(init: &OpInit<'_>, transposed: bool) -> Result<Box<dyn Operator>> {
             }
             cuda_launch!(dev, bias, grid(m * n); yp, b.ptr, n64(m), n64(n))?;
         }
-        set_output(ctx, 0, y)
+        Ok(())
     })))
 }
 
@@ -104,7 +104,7 @@ fn create_fc_grad(init: &OpInit<'_>, transposed: bool) -> Result<Box<dyn Operato
             bail!(ShapeMismatch: "dY of shape {:?} for an FC of {m} x {n} outputs", dy.dims());
         }
         // dW = dY^T X ([n, k]) or X^T dY ([k, n]) when transposed.
-        let (dw, dwp) = new_tensor(&dev, DataType::Float, w.dims())?;
+        let dwp = output_tensor(ctx, &dev, 0, DataType::Float, w.dims())?;
         if transposed {
             let g = Gemm {
                 trans_a: true,
@@ -128,15 +128,13 @@ fn create_fc_grad(init: &OpInit<'_>, transposed: bool) -> Result<Box<dyn Operato
             };
             dev.sgemm_or_zero(g, dy.ptr, x.ptr, dwp)?;
         }
-        let (db, dbp) = new_tensor(&dev, DataType::Float, &[n])?;
+        let dbp = output_tensor(ctx, &dev, 1, DataType::Float, &[n])?;
         if n > 0 {
             cuda_launch!(dev, colsum, grid(n); dy.ptr, dbp, n64(m), n64(n))?;
         }
-        set_output(ctx, 0, dw)?;
-        set_output(ctx, 1, db)?;
         if ctx.num_outputs() > 2 {
             // dX = dY W ([m, k]) or dY W^T.
-            let (dx, dxp) = new_tensor(&dev, DataType::Float, x.dims())?;
+            let dxp = output_tensor(ctx, &dev, 2, DataType::Float, x.dims())?;
             let g = Gemm {
                 trans_a: false,
                 trans_b: transposed,
@@ -147,7 +145,6 @@ fn create_fc_grad(init: &OpInit<'_>, transposed: bool) -> Result<Box<dyn Operato
                 beta: 0.0,
             };
             dev.sgemm_or_zero(g, dy.ptr, w.ptr, dxp)?;
-            set_output(ctx, 2, dx)?;
         }
         Ok(())
     })))
@@ -176,7 +173,7 @@ fn create_matmul(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         if k != kb {
             bail!(ShapeMismatch: "Matrix dimensions do not match: A {:?}, B {:?} (K = {k} vs {kb})", a.dims(), b.dims());
         }
-        let (y, yp) = new_tensor(&dev, DataType::Float, &[m, n])?;
+        let yp = output_tensor(ctx, &dev, 0, DataType::Float, &[m, n])?;
         let g = Gemm {
             trans_a: ta,
             trans_b: tb,
@@ -187,7 +184,7 @@ fn create_matmul(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
             beta: 0.0,
         };
         dev.sgemm_or_zero(g, a.ptr, b.ptr, yp)?;
-        set_output(ctx, 0, y)
+        Ok(())
     })))
 }
 
@@ -231,7 +228,7 @@ fn create_batch_matmul(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         }
         let mut ydims = batch_dims;
         ydims.extend([m, n]);
-        let (y, yp) = new_tensor(&dev, DataType::Float, &ydims)?;
+        let yp = output_tensor(ctx, &dev, 0, DataType::Float, &ydims)?;
         let g = Gemm {
             trans_a: ta,
             trans_b: tb,
@@ -255,6 +252,6 @@ fn create_batch_matmul(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
                 batch,
             )?;
         }
-        set_output(ctx, 0, y)
+        Ok(())
     })))
 }

@@ -1,7 +1,7 @@
 //! Relu and ReluGradient.
 
 use crate::cuda::grid;
-use crate::cuda::op::{device, init_device, input_f32, n64, new_tensor, set_output};
+use crate::cuda::op::{device, init_device, input_f32, n64, output_elementwise};
 use crate::cuda_launch;
 use crate::device::DeviceType;
 use crate::error::Result;
@@ -21,11 +21,11 @@ fn create_relu(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         let dev = device(ctx)?;
         let x = input_f32(ctx, &dev, 0)?;
         let n = x.numel();
-        let (y, yp) = new_tensor(&dev, DataType::Float, x.dims())?;
+        let yp = output_elementwise(ctx, &dev, 0, DataType::Float, x.dims())?;
         if n > 0 {
             cuda_launch!(dev, f, grid(n); x.ptr, yp, n64(n))?;
         }
-        set_output(ctx, 0, y)
+        Ok(())
     })))
 }
 
@@ -37,10 +37,10 @@ fn create_relu_grad(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         let dy = input_f32(ctx, &dev, 1)?;
         crate::ensure!(y.dims() == dy.dims(), ShapeMismatch: "Y {:?} and dY {:?} differ", y.dims(), dy.dims());
         let n = y.numel();
-        let (dx, dxp) = new_tensor(&dev, DataType::Float, y.dims())?;
+        let dxp = output_elementwise(ctx, &dev, 0, DataType::Float, y.dims())?;
         if n > 0 {
             cuda_launch!(dev, f, grid(n); y.ptr, dy.ptr, dxp, n64(n))?;
         }
-        set_output(ctx, 0, dx)
+        Ok(())
     })))
 }
