@@ -14,6 +14,7 @@ pub use blas::Gemm;
 pub use device::{
     availability, device, device_of, empty_cache, num_devices, DeviceCtx, BUILT_WITH_CUDA,
 };
+pub use fallback::create as fallback;
 pub use memory::{raw, to_device, CudaMemory, PoolStats};
 pub use module::{grid, rows, BLOCK};
 
