@@ -11,7 +11,6 @@ pub mod op;
 
 pub use bench::synchronize_all;
 pub use blas::Gemm;
-pub use fallback::create as fallback;
 pub use device::{
     availability, device, device_of, empty_cache, num_devices, DeviceCtx, BUILT_WITH_CUDA,
 };
