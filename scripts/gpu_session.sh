@@ -17,8 +17,17 @@ nproc
 "$PY" -c "from ferrocaffe import workspace as w, _native as n; print('cuda devices', w.NumCudaDevices(), n.cuda_unavailable_reason())"
 
 step "CUDA tests"
-timeout "${T_TESTS:-200}" "$PY" -m pytest -q -p no:cacheprovider -rf tests/test_cuda_*.py \
-    2>&1 | tee "$OUT_DIR/tests.log" | grep -vE '^\s*$' | tail -60
+# One process per file: a kernel fault leaves its CUDA context unusable, and should not take
+# the other files' results with it.
+: >"$OUT_DIR/tests.log"
+for f in tests/test_cuda_*.py; do
+    echo "-- $f" | tee -a "$OUT_DIR/tests.log"
+    timeout "${T_TEST_FILE:-90}" "$PY" -m pytest -q -p no:cacheprovider --tb=line -rf "$f" \
+        >>"$OUT_DIR/tests.log" 2>&1
+    echo "exit $?" >>"$OUT_DIR/tests.log"
+    grep -E '^(FAILED|ERROR)|passed|failed|^exit' "$OUT_DIR/tests.log" | tail -n 25 | sed -n '$p'
+done
+grep -E '^(FAILED|ERROR)' "$OUT_DIR/tests.log" | cut -c1-220 | head -80
 
 step "golden corpora on CUDA"
 timeout "${T_REPLAY:-150}" "$PY" -m ferrocaffe.cuda_check --corpora "${CORPORA:-ops,models,rnn,dpm}" \

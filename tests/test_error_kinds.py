@@ -23,13 +23,13 @@ def test_a_fill_no_buffer_could_hold_is_a_memory_error_and_the_workspace_survive
     assert workspace.FetchBlob("z").tolist() == [1.0, 1.0, 1.0]
 
 
-def test_a_cuda_op_is_refused_at_creation_naming_the_device():
+def test_an_op_on_a_device_without_kernels_is_refused_at_creation_naming_the_device():
     op = core.CreateOperator(
-        "Relu", ["x"], ["y"], device_option=core.DeviceOption(caffe2_pb2.CUDA, 0)
+        "Relu", ["x"], ["y"], device_option=core.DeviceOption(caffe2_pb2.HIP, 0)
     )
     workspace.FeedBlob("x", np.ones(2, dtype=np.float32))
     with pytest.raises(
-        RuntimeError, match="Cannot create operator of type 'Relu' on the device 'CUDA'"
+        RuntimeError, match="Cannot create operator of type 'Relu' on the device 'HIP'"
     ):
         workspace.RunOperatorOnce(op)
 
