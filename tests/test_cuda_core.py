@@ -273,3 +273,63 @@ def test_a_model_trains_under_a_cuda_device_scope_as_on_the_cpu():
     for k, v in cpu_params.items():
         np.testing.assert_allclose(gpu_params[k], v, rtol=1e-3, atol=1e-5)
     assert gpu_losses[-1] < gpu_losses[0]
+
+
+def test_cast_from_a_dtype_without_a_cuda_kernel_runs_the_cpu_kernel():
+    x = np.array([1.5, -2.25, 3.0], np.float64)
+    cpu, gpu = _run_both("Cast", {"x": x}, ["y"], to=caffe2_pb2.TensorProto.FLOAT)
+    _close(cpu, gpu)
+    assert _ws().blob_device("y") == 0
+
+
+def test_matmul_takes_the_shape_of_a_third_input():
+    rs = np.random.RandomState(5)
+    a = rs.randn(4, 3).astype(np.float32)
+    b = rs.randn(3, 6).astype(np.float32)
+    like = np.zeros((2, 2, 6), np.float32)
+    cpu, gpu = _run_both("MatMul", {"a": a, "b": b, "like": like}, ["y"])
+    _close(cpu, gpu, rtol=1e-3, atol=1e-4)
+    assert gpu[0].shape == (2, 2, 6)
+
+
+def test_reshape_reads_a_shape_input_that_lives_on_the_device():
+    x = np.arange(6, dtype=np.float32)
+    cpu, gpu = _run_both("Reshape", {"x": x, "s": np.array([2, 3], np.int64)}, ["y", "old"])
+    _close(cpu, gpu)
+
+
+def _lstm(device):
+    from ferrocaffe import rnn_cell
+
+    workspace.ResetWorkspace()
+    rs = np.random.RandomState(11)
+    t, n, d, h = 5, 3, 4, 6
+    model = model_helper.ModelHelper(name="lstm")
+    with core.DeviceScope(device):
+        out, _, _, _ = rnn_cell.LSTM(
+            model, "x", "seq", ("h0", "c0"), d, h, scope="lstm", forward_only=False
+        )
+        loss = model.net.AveragedLoss(model.net.Sqr(out), "loss")
+        model.AddGradientOperators([loss])
+    feeds = {
+        "x": rs.randn(t, n, d).astype(np.float32),
+        "seq": np.full(n, t, np.int32),
+        "h0": rs.randn(1, n, h).astype(np.float32),
+        "c0": rs.randn(1, n, h).astype(np.float32),
+    }
+    workspace.RunNetOnce(model.param_init_net)
+    for p in model.params:
+        shape = workspace.FetchBlob(str(p)).shape
+        feeds[str(p)] = rs.randn(*shape).astype(np.float32) * 0.3
+    for k, v in feeds.items():
+        workspace.FeedBlob(k, v, device)
+    workspace.RunNetOnce(model.net)
+    names = ["loss"] + [str(model.param_to_grad[p]) for p in model.params]
+    return {k: workspace.FetchBlob(k) for k in names}
+
+
+def test_an_lstm_trains_under_a_cuda_device_scope_as_on_the_cpu():
+    cpu = _lstm(CPU)
+    gpu = _lstm(CUDA)
+    for k, v in cpu.items():
+        np.testing.assert_allclose(gpu[k], v, rtol=1e-3, atol=1e-5, err_msg=k)

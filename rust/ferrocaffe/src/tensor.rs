@@ -948,6 +948,10 @@ impl Tensor {
 
     /// All elements as i64 (integer and bool dtypes).
     pub fn to_i64_vec(&self) -> Result<Vec<i64>> {
+        if !self.is_host() {
+            // Shapes, indices and counts read by host code may live on a device: copy them.
+            return self.to_host()?.to_i64_vec();
+        }
         Ok(match self.dtype {
             DataType::Int32 => self.as_slice::<i32>()?.iter().map(|&v| v as i64).collect(),
             DataType::Int64 => self.as_slice::<i64>()?.to_vec(),

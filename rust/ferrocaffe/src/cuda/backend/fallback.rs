@@ -16,28 +16,42 @@ use crate::workspace::{Blob, Workspace};
 
 /// The factory registered on CUDA for every type that has no CUDA kernel.
 pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
-    let dev = init_device(init)?;
-    let mut op = Fallback {
-        dev,
-        def: init.def.clone(),
-        parent: init.ws.clone(),
-        current: None,
-    };
-    // The CPU kernel must exist (and accept the arguments): create it once now.
-    op.instance(&vec![false; init.def.input.len()])?;
-    Ok(Box::new(op))
+    Ok(Box::new(Fallback::new(init, false)?))
+}
+
+/// The CPU kernel of `init`'s op as an operator that runs with its blobs locked by the net,
+/// for a CUDA kernel to hand a case it does not handle (a dtype it has no kernel for) over to
+/// at run time: every input is copied to the host, every output copied back to the device.
+/// Inputs must be tensors.
+pub fn create_locked(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+    Ok(Box::new(Fallback::new(init, true)?))
 }
 
 struct Fallback {
     dev: Arc<DeviceCtx>,
     def: OperatorDef,
     parent: Arc<Workspace>,
+    /// Whether the net locks the op's blobs (every input and output is then shadowed).
+    locked: bool,
     /// The CPU op for the current set of copied inputs (true: input `i` lives on a device and
     /// is shadowed, under its own name, by a host copy in the private child workspace).
     current: Option<(Vec<bool>, Arc<Workspace>, OpInstance)>,
 }
 
 impl Fallback {
+    fn new(init: &OpInit<'_>, locked: bool) -> Result<Fallback> {
+        let mut op = Fallback {
+            dev: init_device(init)?,
+            def: init.def.clone(),
+            parent: init.ws.clone(),
+            locked,
+            current: None,
+        };
+        // The CPU kernel must exist (and accept the arguments): create it once now.
+        op.instance(&vec![locked; init.def.input.len()])?;
+        Ok(op)
+    }
+
     /// Whether output `j` is written to a shadowed input (the op runs in place on it).
     fn shadowed_output(&self, copied: &[bool], j: usize) -> bool {
         let name = &self.def.output[j];
@@ -56,6 +70,12 @@ impl Fallback {
             let local = Workspace::new_child(&self.parent);
             for (i, name) in self.def.input.iter().enumerate() {
                 if copied[i] {
+                    local.create_local_blob(name);
+                }
+            }
+            if self.locked {
+                // The net holds the real outputs' locks: the CPU op writes local ones.
+                for name in &self.def.output {
                     local.create_local_blob(name);
                 }
             }
@@ -79,7 +99,7 @@ impl Fallback {
 }
 
 /// A device option placed on the host, its random seed kept.
-fn on_host(option: &mut Option<DeviceOption>) {
+pub(super) fn on_host(option: &mut Option<DeviceOption>) {
     let seed = option.as_ref().and_then(|d| d.random_seed);
     *option = Some(DeviceOption {
         device_type: Some(0),
@@ -88,7 +108,8 @@ fn on_host(option: &mut Option<DeviceOption>) {
     });
 }
 
-fn net_on_host(net: &mut NetDef) {
+/// Every op of `net` (and of the nets its ops run) placed on the host.
+pub(super) fn net_on_host(net: &mut NetDef) {
     if net.device_option.is_some() {
         on_host(&mut net.device_option);
     }
@@ -107,10 +128,13 @@ fn net_on_host(net: &mut NetDef) {
 
 impl Operator for Fallback {
     fn locks_blobs(&self) -> bool {
-        false
+        self.locked
     }
 
     fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
+        if self.locked {
+            return self.run_locked(ctx);
+        }
         let n_in = ctx.num_inputs();
         let mut copied = vec![false; n_in];
         let mut host = Vec::new();
@@ -161,6 +185,28 @@ impl Operator for Fallback {
 }
 
 impl Fallback {
+    fn run_locked(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let all = vec![true; ctx.num_inputs()];
+        let local = self.instance(&all)?.0;
+        for i in 0..ctx.num_inputs() {
+            let host = ctx.input(i)?.to_host()?;
+            *local.create_local_blob(&self.def.input[i]).write() = Blob::Tensor(host);
+        }
+        {
+            let (local, inst) = self.instance(&all)?;
+            inst.run(&local)?;
+        }
+        for j in 0..ctx.num_outputs() {
+            if self.def.output[..j].contains(&self.def.output[j]) {
+                continue;
+            }
+            let h = local.create_local_blob(&self.def.output[j]);
+            let taken = std::mem::take(&mut *h.write());
+            *ctx.output_blob(j)? = self.on_device(taken)?;
+        }
+        Ok(())
+    }
+
     fn on_device(&self, b: Blob) -> Result<Blob> {
         match b {
             Blob::Tensor(t) if t.is_host() && t.dtype() != DataType::String => {

@@ -5,6 +5,7 @@ pub mod bench;
 mod blas;
 mod device;
 mod fallback;
+mod host;
 mod memory;
 mod module;
 pub mod op;
@@ -14,9 +15,9 @@ pub use blas::Gemm;
 pub use device::{
     availability, device, device_of, empty_cache, num_devices, DeviceCtx, BUILT_WITH_CUDA,
 };
-pub use fallback::create as fallback;
+pub use fallback::{create as fallback, create_locked as fallback_locked};
 pub use memory::{raw, to_device, CudaMemory, PoolStats};
-pub use module::{grid, rows, BLOCK};
+pub use module::{grid, grid_rows_cols, rows, BLOCK};
 
 use crate::device::DeviceType;
 use crate::ops::registry::Registry;
@@ -47,6 +48,9 @@ pub fn register(r: &mut Registry) {
         if let Some(f) = r.lookup(t, DeviceType::Cpu, "") {
             r.register(t, DeviceType::Cuda, "", f);
         }
+    }
+    for t in host::TYPES {
+        r.register(t, DeviceType::Cuda, "", host::create);
     }
     let types: Vec<String> = r.types().iter().map(|s| s.to_string()).collect();
     for t in types {

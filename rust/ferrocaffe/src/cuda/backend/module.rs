@@ -24,6 +24,18 @@ pub fn grid(n: usize) -> LaunchConfig {
     }
 }
 
+/// A two-dimensional launch over an `[rows, cols]` matrix: x covers the columns in blocks of
+/// [`BLOCK`] threads, y the rows (capped; kernels loop over rows with a stride of `gridDim.y`).
+pub fn grid_rows_cols(rows: usize, cols: usize) -> LaunchConfig {
+    let x = cols.div_ceil(BLOCK as usize).clamp(1, 1 << 20);
+    let y = rows.clamp(1, 65535);
+    LaunchConfig {
+        grid_dim: (x as u32, y as u32, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// One block of `threads` threads per row, for `rows` rows (row-wise reductions).
 pub fn rows(rows: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {

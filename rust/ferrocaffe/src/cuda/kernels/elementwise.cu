@@ -22,9 +22,13 @@ extern "C" __global__ void axpby_f32(const float* x, float* y, float a, float b,
     FC_LOOP(i, n) { y[i] = a * x[i] + b * y[i]; }
 }
 
-// Bias added to each row of an [m, n] matrix.
+// Bias added to each row of an [m, n] matrix: x over columns, y over rows (grid-stride), so
+// each thread loads its bias value once and no index is divided.
 extern "C" __global__ void add_row_bias_f32(float* y, const float* b, i64 m, i64 n) {
-    FC_LOOP(i, m * n) { y[i] += b[i % n]; }
+    const i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n) return;
+    const float bj = b[j];
+    for (i64 r = blockIdx.y; r < m; r += gridDim.y) y[r * n + j] += bj;
 }
 
 // Column sums of an [m, n] matrix into out[n] (one thread per column; for bias gradients).

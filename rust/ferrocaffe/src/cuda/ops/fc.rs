@@ -1,7 +1,7 @@
 //! FC, FCTransposed and their gradients, MatMul and BatchMatMul, on cuBLAS.
 
 use crate::cuda::op::{device, init_device, input_f32, n64, output_tensor};
-use crate::cuda::{grid, Gemm};
+use crate::cuda::{grid, grid_rows_cols, Gemm};
 use crate::cuda_launch;
 use crate::device::DeviceType;
 use crate::error::Result;
@@ -68,7 +68,10 @@ fn create_fc(init: &OpInit<'_>, transposed: bool) -> Result<Box<dyn Operator>> {
             bail!(ShapeMismatch: "bias of {} elements for an FC with {n} outputs", b.numel());
         }
         let yp = output_tensor(ctx, &dev, 0, DataType::Float, &ydims)?;
-        if m * n > 0 {
+        if k == 0 {
+            // An empty X leaves Y as allocated (zeros), as Caffe2's FC returns early.
+            dev.fill_zero(yp, m * n)?;
+        } else if m * n > 0 {
             let g = Gemm {
                 trans_a: false,
                 trans_b: !transposed,
@@ -78,12 +81,8 @@ fn create_fc(init: &OpInit<'_>, transposed: bool) -> Result<Box<dyn Operator>> {
                 alpha: 1.0,
                 beta: 0.0,
             };
-            if k == 0 {
-                dev.fill_zero(yp, m * n)?;
-            } else {
-                dev.sgemm(g, x.ptr, w.ptr, yp)?;
-            }
-            cuda_launch!(dev, bias, grid(m * n); yp, b.ptr, n64(m), n64(n))?;
+            dev.sgemm(g, x.ptr, w.ptr, yp)?;
+            cuda_launch!(dev, bias, grid_rows_cols(m, n); yp, b.ptr, n64(m), n64(n))?;
         }
         Ok(())
     })))
@@ -171,9 +170,22 @@ fn create_matmul(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         let (m, k) = if ta { (a1, a0) } else { (a0, a1) };
         let (kb, n) = if tb { (b1, b0) } else { (b0, b1) };
         if k != kb {
-            bail!(ShapeMismatch: "Matrix dimensions do not match: A {:?}, B {:?} (K = {k} vs {kb})", a.dims(), b.dims());
+            bail!(
+                ShapeMismatch: "Matrix dimension mismatch: A {:?} gives K = {k}, B {:?} gives K = {kb}",
+                a.dims(),
+                b.dims()
+            );
         }
-        let yp = output_tensor(ctx, &dev, 0, DataType::Float, &[m, n])?;
+        // A third input (as gradient ops pass) gives the output its shape.
+        let mut ydims = vec![m, n];
+        if ctx.num_inputs() > 2 {
+            let like = ctx.input(2)?.dims().to_vec();
+            if like.iter().product::<usize>() != m * n {
+                bail!(ShapeMismatch: "MatMul output of {m} x {n} cannot take the shape {like:?}");
+            }
+            ydims = like;
+        }
+        let yp = output_tensor(ctx, &dev, 0, DataType::Float, &ydims)?;
         let g = Gemm {
             trans_a: ta,
             trans_b: tb,

@@ -900,6 +900,8 @@ fn create_cast(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
             ks.push((from, dev0.function(MODULE, &format!("cast_{s}_{to_sfx}"))?));
         }
     }
+    // Inputs of other dtypes (a gradient of a cast to double) run the CPU kernel.
+    let mut other = crate::cuda::fallback_locked(init)?;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let dev = device(ctx)?;
         let dt = ctx.input(0)?.dtype();
@@ -908,11 +910,7 @@ fn create_cast(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
             return set_output(ctx, 0, y);
         }
         let Some((_, f)) = ks.iter().find(|(t, _)| *t == dt) else {
-            bail!(
-                DtypeMismatch: "input 0 ('{}') holds {dt}; Cast on CUDA converts float32, int32, \
-                 int64 and bool",
-                ctx.input_name(0)
-            );
+            return other.run(ctx);
         };
         let x = input_of(ctx, &dev, 0, dt)?;
         let n = x.numel();
