@@ -59,9 +59,10 @@ def bench_products(sizes, rounds):
         mm = core.Net(f"mm{s}")
         mm.MatMul(["x", "w"], "z")
         mm.Proto().device_option.CopyFrom(CUDA)
-        t_fc, t_mm, t_raw, t_torch = [], [], [], []
+        t_fc, t_mm, t_raw, t_raw_nt, t_torch = [], [], [], [], []
         for _ in range(rounds):
             t_raw.append(_native.cuda_sgemm_seconds(s, s, s, iters))
+            t_raw_nt.append(_native.cuda_sgemm_seconds(s, s, s, iters, trans_b=True))
             t_fc.append(_timed_net(fc, iters))
             t_mm.append(_timed_net(mm, iters))
             if has_torch:
@@ -75,11 +76,12 @@ def bench_products(sizes, rounds):
                     torch.mm(a, bm)
                 torch.cuda.synchronize()
                 t_torch.append((time.perf_counter() - t0) / iters)
-        raw, f, m = min(t_raw), min(t_fc), min(t_mm)
+        raw, raw_nt, f, m = min(t_raw), min(t_raw_nt), min(t_fc), min(t_mm)
         flops = 2 * s**3
         line = (
-            f"{s}^3: cuBLAS {raw * 1e3:.3f} ms ({flops / raw / 1e12:.1f} TFLOP/s)  "
-            f"FC {f * 1e3:.3f} ms = {raw / f:.3f}x cuBLAS  MatMul {m * 1e3:.3f} ms = {raw / m:.3f}x"
+            f"{s}^3: cuBLAS {raw * 1e3:.3f} ms ({flops / raw / 1e12:.1f} TFLOP/s), "
+            f"X W^T {raw_nt * 1e3:.3f} ms  FC {f * 1e3:.3f} ms = {raw / f:.3f}x cuBLAS "
+            f"({raw_nt / f:.3f}x X W^T)  MatMul {m * 1e3:.3f} ms = {raw / m:.3f}x"
         )
         if t_torch:
             line += f"  torch.mm {min(t_torch) * 1e3:.3f} ms"

@@ -60,9 +60,10 @@ fn cuda_synchronize(py: Python<'_>) -> PyResult<()> {
     detach_guarded(py, "cuda_synchronize", ferrocaffe::cuda::synchronize_all).py()
 }
 
-/// Seconds per bare cuBLAS sgemm of `[m, k] x [k, n]` on device `ordinal` (a reference).
+/// Seconds per bare cuBLAS sgemm of `[m, k] x [k, n]` (`[n, k]` transposed with `trans_b`)
+/// on device `ordinal` (a reference).
 #[pyfunction]
-#[pyo3(signature = (m, n, k, iters=20, ordinal=0))]
+#[pyo3(signature = (m, n, k, iters=20, ordinal=0, trans_b=false))]
 fn cuda_sgemm_seconds(
     py: Python<'_>,
     m: usize,
@@ -70,9 +71,10 @@ fn cuda_sgemm_seconds(
     k: usize,
     iters: usize,
     ordinal: u32,
+    trans_b: bool,
 ) -> PyResult<f64> {
     detach_guarded(py, "cuda_sgemm_seconds", || {
-        ferrocaffe::cuda::bench::sgemm_seconds(ordinal, m, n, k, iters)
+        ferrocaffe::cuda::bench::sgemm_seconds(ordinal, m, n, k, trans_b, iters)
     })
     .py()
 }

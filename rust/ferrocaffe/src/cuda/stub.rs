@@ -63,7 +63,14 @@ pub mod bench {
     use crate::error::Result;
 
     /// Refused: no CUDA in this build.
-    pub fn sgemm_seconds(_o: u32, _m: usize, _n: usize, _k: usize, _i: usize) -> Result<f64> {
+    pub fn sgemm_seconds(
+        _o: u32,
+        _m: usize,
+        _n: usize,
+        _k: usize,
+        _t: bool,
+        _i: usize,
+    ) -> Result<f64> {
         super::availability().map(|_| 0.0)
     }
 }

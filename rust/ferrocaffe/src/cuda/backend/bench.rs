@@ -8,10 +8,18 @@ use super::memory::raw;
 use crate::error::Result;
 use crate::tensor::DataType;
 
-/// Seconds per call of a bare cuBLAS `sgemm` of `C[m, n] = A[m, k] B[k, n]` on device
-/// `ordinal`, averaged over `iters` calls after one warm-up (the reference the FC and MatMul
-/// operators are measured against).
-pub fn sgemm_seconds(ordinal: u32, m: usize, n: usize, k: usize, iters: usize) -> Result<f64> {
+/// Seconds per call of a bare cuBLAS `sgemm` of `C[m, n] = A[m, k] op(B)` on device
+/// `ordinal` (`op(B)` = `B[k, n]`, or `B[n, k]` transposed with `trans_b`, as FC's weights),
+/// averaged over `iters` calls after one warm-up: the reference the FC and MatMul operators
+/// are measured against.
+pub fn sgemm_seconds(
+    ordinal: u32,
+    m: usize,
+    n: usize,
+    k: usize,
+    trans_b: bool,
+    iters: usize,
+) -> Result<f64> {
     let dev = device(ordinal)?;
     let a = dev.zeros(DataType::Float, &[m, k])?;
     let b = dev.zeros(DataType::Float, &[k, n])?;
@@ -19,7 +27,7 @@ pub fn sgemm_seconds(ordinal: u32, m: usize, n: usize, k: usize, iters: usize) -
     let (pa, pb, pc) = (raw(&a)?.0, raw(&b)?.0, raw(&c)?.0);
     let g = Gemm {
         trans_a: false,
-        trans_b: false,
+        trans_b,
         m,
         n,
         k,

@@ -5,7 +5,6 @@
 //! read them later copy them to the device.
 
 use super::fallback::{net_on_host, on_host};
-use crate::bail;
 use crate::device::{Device, DeviceType};
 use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
@@ -34,9 +33,6 @@ pub fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         .lookup(def.r#type(), DeviceType::Cpu, def.engine())
         .ok_or_else(|| init.err(format!("no CPU kernel for {}", def.r#type())))?;
     let inner = factory(&OpInit::on(&def, init.ws, Device::Cpu))?;
-    if inner.locks_blobs() {
-        bail!(op = init, NotImplemented: "{} cannot run on the host for CUDA", def.r#type());
-    }
     Ok(Box::new(HostOp { inner }))
 }
 
@@ -46,11 +42,12 @@ struct HostOp {
 
 impl Operator for HostOp {
     fn locks_blobs(&self) -> bool {
-        false
+        self.inner.locks_blobs()
     }
 
     fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
-        for i in 0..ctx.num_inputs() {
+        // An op whose blobs the net locks (the blob fetcher) reads no device tensor.
+        for i in (0..ctx.num_inputs()).filter(|_| !self.inner.locks_blobs()) {
             let mut g = ctx.input_handle(i).write();
             let host = match &*g {
                 Blob::Tensor(t) if !t.is_host() => t.to_host()?,
