@@ -81,8 +81,17 @@ def test_relu_and_its_gradient():
     _close(cpu, gpu)
 
 
-@pytest.mark.parametrize("m,k,n", [(4, 3, 5), (64, 128, 32), (0, 3, 2), (3, 0, 2)])
-def test_fc_and_gradient(m, k, n):
+@pytest.fixture(params=["1", "0"], ids=["cublaslt", "cublas"])
+def fc_path(request, monkeypatch):
+    """FC with the bias in cuBLASLt's epilogue, and with cuBLAS plus a bias kernel."""
+    monkeypatch.setenv("FERROCAFFE_CUBLASLT", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize(
+    "m,k,n", [(4, 3, 5), (64, 128, 32), (1, 1, 1), (33, 17, 5), (0, 3, 2), (3, 0, 2)]
+)
+def test_fc_and_gradient(m, k, n, fc_path):
     rs = np.random.RandomState(1)
     x = rs.randn(m, k).astype(np.float32)
     w = rs.randn(n, k).astype(np.float32)
@@ -94,7 +103,7 @@ def test_fc_and_gradient(m, k, n):
     _close(cpu, gpu, rtol=1e-3, atol=1e-4)
 
 
-def test_fc_transposed_and_axis():
+def test_fc_transposed_and_axis(fc_path):
     rs = np.random.RandomState(2)
     x = rs.randn(2, 3, 4).astype(np.float32)
     wt = rs.randn(12, 5).astype(np.float32)

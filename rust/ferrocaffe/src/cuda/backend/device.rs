@@ -29,6 +29,8 @@ pub struct DeviceCtx {
     pub(super) modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     /// The NVRTC target (`compute_XY`) of this device, when known.
     pub(super) arch: Option<&'static str>,
+    /// cuBLASLt, made on first use.
+    pub(super) lt: OnceLock<super::blaslt::LtHandle>,
 }
 
 impl std::fmt::Debug for DeviceCtx {
@@ -137,6 +139,7 @@ fn open(ordinal: u32) -> Result<Arc<DeviceCtx>> {
             pool: Pool::default(),
             modules: Mutex::new(HashMap::new()),
             arch,
+            lt: OnceLock::new(),
         }))
     });
     made.unwrap_or_else(|_| {

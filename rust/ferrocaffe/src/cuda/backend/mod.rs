@@ -3,6 +3,7 @@
 
 pub mod bench;
 mod blas;
+mod blaslt;
 mod device;
 mod fallback;
 mod host;
@@ -12,6 +13,7 @@ pub mod op;
 
 pub use bench::synchronize_all;
 pub use blas::Gemm;
+pub use blaslt::BiasPlan;
 pub use device::{
     availability, device, device_of, empty_cache, num_devices, DeviceCtx, BUILT_WITH_CUDA,
 };

@@ -1,7 +1,7 @@
 //! FC, FCTransposed and their gradients, MatMul and BatchMatMul, on cuBLAS.
 
 use crate::cuda::op::{device, init_device, input_f32, n64, output_tensor};
-use crate::cuda::{grid, grid_rows_cols, Gemm};
+use crate::cuda::{grid, grid_rows_cols, BiasPlan, Gemm};
 use crate::cuda_launch;
 use crate::device::DeviceType;
 use crate::error::Result;
@@ -58,6 +58,9 @@ fn create_fc(init: &OpInit<'_>, transposed: bool) -> Result<Box<dyn Operator>> {
     let bias = dev0.function("elementwise", "add_row_bias_f32")?;
     let axis = init.args.int("axis", 1)?;
     let axis_w = init.args.int("axis_w", 1)?;
+    // The bias in the product's epilogue (cuBLASLt) unless FERROCAFFE_CUBLASLT=0.
+    let fused = std::env::var("FERROCAFFE_CUBLASLT").map_or(true, |v| v != "0");
+    let mut plan: Option<BiasPlan> = None;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let dev = device(ctx)?;
         let x = input_f32(ctx, &dev, 0)?;
@@ -81,8 +84,10 @@ fn create_fc(init: &OpInit<'_>, transposed: bool) -> Result<Box<dyn Operator>> {
                 alpha: 1.0,
                 beta: 0.0,
             };
-            dev.sgemm(g, x.ptr, w.ptr, yp)?;
-            cuda_launch!(dev, bias, grid_rows_cols(m, n); yp, b.ptr, n64(m), n64(n))?;
+            if !(fused && dev.sgemm_bias(&mut plan, g, x.ptr, w.ptr, b.ptr, yp)?) {
+                dev.sgemm(g, x.ptr, w.ptr, yp)?;
+                cuda_launch!(dev, bias, grid_rows_cols(m, n); yp, b.ptr, n64(m), n64(n))?;
+            }
         }
         Ok(())
     })))
