@@ -275,6 +275,47 @@ def _replay_corpus(corpus: str, replay, cases) -> tuple[int, list[str], float]:
     return passed, failures, time.perf_counter() - t0
 
 
+def _op_types(corpus: str, case: dict, parse) -> list[str]:
+    if corpus == "ops":
+        return [parse("OperatorDef", case["op_b64"]).type]
+    types = []
+    for key, value in case.items():
+        if key.endswith("net_b64"):
+            types += [op.type for op in parse("NetDef", value).op]
+    return types
+
+
+def coverage(corpus: str, cases, parse) -> str:
+    """Which op types of a corpus have CUDA kernels, and which run their CPU kernel."""
+    placement = {}
+    seen: dict[str, int] = {}
+    for case in cases:
+        try:
+            for t in _op_types(corpus, case, parse):
+                seen[t] = seen.get(t, 0) + 1
+        except (KeyError, Exception):  # noqa: BLE001 - a corpus without nets
+            continue
+    if not seen:
+        return ""
+    for t in seen:
+        placement[t] = _native.cuda_placement(t)
+    ops = sum(seen.values())
+
+    def listed(kind):
+        found = {t: c for t, c in seen.items() if placement[t] == kind}
+        names = ", ".join(f"{t} x{c}" for t, c in sorted(found.items(), key=lambda kv: -kv[1]))
+        return sum(found.values()), names or "none"
+
+    native, _ = listed("kernel")
+    shape_n, shape = listed("shape")
+    host_n, host = listed("host")
+    fb_n, fb = listed("fallback")
+    return (
+        f"  coverage: {native}/{ops} ops with CUDA kernels; {shape_n} shape-only (no copy): "
+        f"{shape}; {host_n} on the host: {host}; {fb_n} through the CPU fallback: {fb}"
+    )
+
+
 def replay_corpora(golden: str, corpora=("ops", "models", "rnn"), out=print, show=20) -> dict:
     os.environ["FERROCAFFE_GOLDEN"] = golden
     tests_dir = str(Path(golden).resolve().parent)
@@ -294,6 +335,9 @@ def replay_corpora(golden: str, corpora=("ops", "models", "rnn"), out=print, sho
             f"{corpus}: {len(cases)} cases; CPU {cpu[0]} pass in {cpu[2]:.2f} s; "
             f"CUDA {gpu[0]} pass in {gpu[2]:.2f} s"
         )
+        cov = coverage(corpus, cases, common.parse)
+        if cov:
+            out(cov)
         cpu_fail = {f.split(":")[0] for f in cpu[1]}
         for f in gpu[1][:show]:
             mark = " (fails on CPU too)" if f.split(":")[0] in cpu_fail else ""

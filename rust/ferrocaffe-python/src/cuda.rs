@@ -79,6 +79,18 @@ fn cuda_sgemm_seconds(
     .py()
 }
 
+/// The op types with a CUDA kernel of their own (the rest run their CPU kernel on CUDA).
+#[pyfunction]
+fn cuda_native_operators() -> Vec<String> {
+    ferrocaffe::cuda::native_types()
+}
+
+/// How ops of a type run on CUDA: "kernel", "shape", "host" or "fallback".
+#[pyfunction]
+fn cuda_placement(op_type: &str) -> &'static str {
+    ferrocaffe::cuda::placement(op_type)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_built, m)?)?;
     m.add_function(wrap_pyfunction!(num_cuda_devices, m)?)?;
@@ -88,6 +100,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_empty_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_synchronize, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_native_operators, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_placement, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_sgemm_seconds, m)?)?;
     Ok(())
 }

@@ -74,3 +74,13 @@ pub mod bench {
         super::availability().map(|_| 0.0)
     }
 }
+
+/// No op type has a CUDA kernel in this build.
+pub fn native_types() -> Vec<String> {
+    Vec::new()
+}
+
+/// Nothing runs on CUDA in this build.
+pub fn placement(_op_type: &str) -> &'static str {
+    "unavailable"
+}

@@ -169,7 +169,11 @@ impl DeviceCtx {
         let Some(p) = plan.as_ref() else {
             return Ok(false);
         };
-        set_desc(&p.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;
+        set_desc(
+            &p.desc,
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+            &bias,
+        )?;
         let (alpha, beta) = (g.alpha, 0.0f32);
         let _guard = self.blas.lock();
         self.bind()?;
@@ -211,12 +215,27 @@ impl DeviceCtx {
         use sys::cublasLtMatmulDescAttributes_t as A;
         set_desc(&desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &op(g.trans_b))?;
         set_desc(&desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &op(g.trans_a))?;
-        set_desc(&desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS)?;
+        set_desc(
+            &desc,
+            A::CUBLASLT_MATMUL_DESC_EPILOGUE,
+            &sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+        )?;
         // Column-major operands: the first is B ([k, n] stored, or [n, k] transposed), the
         // second A ([m, k] row-major is [k, m] column-major), the result [n, m].
-        let (ldb, lda) = (if g.trans_b { g.k } else { g.n }, if g.trans_a { g.m } else { g.k });
-        let a = if g.trans_b { layout(g.k, g.n, ldb)? } else { layout(g.n, g.k, ldb)? };
-        let b = if g.trans_a { layout(g.m, g.k, lda)? } else { layout(g.k, g.m, lda)? };
+        let (ldb, lda) = (
+            if g.trans_b { g.k } else { g.n },
+            if g.trans_a { g.m } else { g.k },
+        );
+        let a = if g.trans_b {
+            layout(g.k, g.n, ldb)?
+        } else {
+            layout(g.n, g.k, ldb)?
+        };
+        let b = if g.trans_a {
+            layout(g.m, g.k, lda)?
+        } else {
+            layout(g.k, g.m, lda)?
+        };
         let c = layout(g.n, g.m, g.n)?;
         let pref = Pref(lt::create_matmul_pref().map_err(|e| lt_error("preference", e))?);
         let ws = WORKSPACE as u64;
@@ -231,10 +250,9 @@ impl DeviceCtx {
         }
         .map_err(|e| lt_error("cublasLtMatmulPreferenceSetAttribute", e))?;
         // SAFETY: all descriptors are live and describe one product.
-        let heuristic = unsafe {
-            lt::get_matmul_algo_heuristic(h.handle, desc.0, a.0, b.0, c.0, c.0, pref.0)
-        }
-        .map_err(|e| lt_error("cublasLtMatmulAlgoGetHeuristic", e))?;
+        let heuristic =
+            unsafe { lt::get_matmul_algo_heuristic(h.handle, desc.0, a.0, b.0, c.0, c.0, pref.0) }
+                .map_err(|e| lt_error("cublasLtMatmulAlgoGetHeuristic", e))?;
         Ok(BiasPlan {
             shape: g,
             desc,

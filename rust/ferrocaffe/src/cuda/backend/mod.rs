@@ -43,6 +43,29 @@ const DEVICE_AGNOSTIC: &[&str] = &[
     "Size",
 ];
 
+/// The op types with a CUDA kernel of their own, sorted (the others run through the CPU
+/// fallback or, for recurrent networks, on the host).
+pub fn native_types() -> Vec<String> {
+    let mut own = Registry::new();
+    super::ops::register(&mut own);
+    own.types().iter().map(|s| s.to_string()).collect()
+}
+
+/// How ops of `op_type` run on CUDA: `"kernel"` (a CUDA kernel of their own), `"shape"` (a
+/// CPU kernel that only reshapes or reads dims, sharing device memory), `"host"` (nets run
+/// on the host: recurrent networks), `"fallback"` (the CPU kernel, inputs and outputs copied).
+pub fn placement(op_type: &str) -> &'static str {
+    if native_types().iter().any(|t| t == op_type) {
+        "kernel"
+    } else if DEVICE_AGNOSTIC.contains(&op_type) {
+        "shape"
+    } else if host::TYPES.contains(&op_type) {
+        "host"
+    } else {
+        "fallback"
+    }
+}
+
 /// Registers the CUDA kernels, then the CPU fallback for every other type of `r`.
 pub fn register(r: &mut Registry) {
     super::ops::register(r);
