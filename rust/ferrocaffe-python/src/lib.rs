@@ -2,7 +2,7 @@
 //! lives in the `ferrocaffe` crate.
 
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -29,6 +29,27 @@ fn registered_operators() -> Vec<&'static str> {
     ferrocaffe::schema::registered_types().collect()
 }
 
+/// The schema of an operator type as a dict (`inputs` and `outputs` as inclusive `(min, max)`
+/// with `None` for unbounded, `inplace_allowed` / `inplace_enforced` index pairs, `args`,
+/// `input_names`, `output_names`, `private`), or None for an unknown type.
+#[pyfunction]
+fn op_schema<'py>(py: Python<'py>, op_type: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
+    let Some(s) = ferrocaffe::schema::lookup(op_type) else {
+        return Ok(None);
+    };
+    let bound = |(lo, hi): (u32, u32)| (lo, (hi != u32::MAX).then_some(hi));
+    let d = PyDict::new(py);
+    d.set_item("inputs", bound(s.inputs))?;
+    d.set_item("outputs", bound(s.outputs))?;
+    d.set_item("inplace_allowed", s.inplace_allowed.to_vec())?;
+    d.set_item("inplace_enforced", s.inplace_enforced.to_vec())?;
+    d.set_item("args", s.args.to_vec())?;
+    d.set_item("input_names", s.input_names.to_vec())?;
+    d.set_item("output_names", s.output_names.to_vec())?;
+    d.set_item("private", s.private)?;
+    Ok(Some(d))
+}
+
 /// Decodes `data` as the caffe2 message `kind` (`"NetDef"` or `"caffe2.NetDef"`, ...) in Rust
 /// and returns Rust's encoding of it. Raises `DecodeError` for malformed bytes, `ValueError` for
 /// an unknown kind.
@@ -49,6 +70,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(file_descriptor_set, m)?)?;
     m.add_function(wrap_pyfunction!(registered_operators, m)?)?;
+    m.add_function(wrap_pyfunction!(op_schema, m)?)?;
     m.add_function(wrap_pyfunction!(roundtrip, m)?)?;
     m.add_function(wrap_pyfunction!(message_names, m)?)?;
     errors::register(m)?;
