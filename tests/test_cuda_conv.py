@@ -4,13 +4,23 @@ gradients) against the same ops on the CPU."""
 import numpy as np
 import pytest
 
-from ferrocaffe import core, workspace
+from ferrocaffe import _native, core, workspace
 from ferrocaffe.proto import caffe2_pb2
 
 pytestmark = pytest.mark.skipif(workspace.NumCudaDevices() == 0, reason="no CUDA device")
 
 CUDA = caffe2_pb2.DeviceOption(device_type=caffe2_pb2.CUDA)
 TOL = dict(rtol=1e-3, atol=1e-4)
+
+# Conv and ConvGradient run on cuDNN when it is present, on their own kernels without it or
+# with FERROCAFFE_CUDNN=0 (read when the op is created): every conv case runs both ways.
+CUDNN = pytest.mark.parametrize("cudnn", ["1", "0"], ids=["cudnn", "nocudnn"])
+
+
+@pytest.fixture
+def cudnn_env(monkeypatch, cudnn):
+    monkeypatch.setenv("FERROCAFFE_CUDNN", cudnn)
+    return cudnn
 
 
 def run(op_type, inputs, outputs, cuda, **kwargs):
@@ -119,7 +129,9 @@ def conv_inputs(case, order, bias, rng):
     return inputs
 
 
+@CUDNN
 @pytest.mark.parametrize("case, order, bias", list(conv_params()))
+@pytest.mark.usefixtures("cudnn_env")
 def test_conv(case, order, bias):
     rng = np.random.default_rng(0)
     inputs = conv_inputs(case, order, bias, rng)
@@ -130,7 +142,9 @@ def test_conv(case, order, bias):
     assert y.shape == conv_out_dims(case, order)
 
 
+@CUDNN
 @pytest.mark.parametrize("case, order, bias", list(conv_params()))
+@pytest.mark.usefixtures("cudnn_env")
 def test_conv_gradient(case, order, bias):
     rng = np.random.default_rng(1)
     inputs = conv_inputs(case, order, True, rng)[:2]
@@ -152,8 +166,10 @@ def test_conv_gradient(case, order, bias):
     )
 
 
+@CUDNN
 @pytest.mark.parametrize("order", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.usefixtures("cudnn_env")
 def test_conv_gradient_without_dx(order, bias):
     rng = np.random.default_rng(2)
     case = CONV_CASES[5]  # group2
@@ -171,6 +187,37 @@ def test_conv_gradient_without_dx(order, bias):
         pad=1,
         no_bias=0 if bias else 1,
     )
+
+
+@CUDNN
+@pytest.mark.usefixtures("cudnn_env")
+def test_conv_runs_again_with_new_shapes():
+    """One op instance over two input shapes (a plan per shape) and back to the first."""
+    rng = np.random.default_rng(5)
+    workspace.ResetWorkspace()
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    op = core.CreateOperator("Conv", ["X", "W"], ["Y"], device_option=CUDA, kernel=3, pad=1)
+    net = core.Net("conv_shapes")
+    net.Proto().op.extend([op])
+    xs = [rng.standard_normal(s).astype(np.float32) for s in [(2, 3, 6, 6), (1, 3, 9, 7)]]
+    want = []
+    for x in xs:
+        want.append(run("Conv", [("X", x), ("W", w)], ["Y"], False, kernel=3, pad=1)[0])
+    workspace.FeedBlob("W", w, CUDA)
+    workspace.FeedBlob("X", xs[0], CUDA)
+    workspace.CreateNet(net)
+    for i in [0, 1, 0]:
+        workspace.FeedBlob("X", xs[i], CUDA)
+        workspace.RunNet(net.Proto().name)
+        np.testing.assert_allclose(np.array(workspace.FetchBlob("Y")), want[i], **TOL)
+    workspace.ResetWorkspace()
+
+
+def test_cudnn_version():
+    version = _native.cuda_cudnn_version()
+    if version is None:
+        pytest.skip("no cuDNN library here")
+    assert version >= 8000, version
 
 
 # (id, N, C, H, W, args)

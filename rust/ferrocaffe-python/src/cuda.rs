@@ -25,6 +25,13 @@ fn cuda_unavailable_reason() -> Option<String> {
         .map(|e| e.to_string())
 }
 
+/// The version of the cuDNN library found here (`major * 10000 + minor * 100 + patch` from
+/// cuDNN 9 on), or None when there is none (or the build has no CUDA backend).
+#[pyfunction]
+fn cuda_cudnn_version() -> Option<usize> {
+    ferrocaffe::cuda::cudnn_version()
+}
+
 /// `(module name, full CUDA C source)` of every kernel module.
 #[pyfunction]
 fn cuda_kernel_sources() -> Vec<(&'static str, String)> {
@@ -95,6 +102,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_built, m)?)?;
     m.add_function(wrap_pyfunction!(num_cuda_devices, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_unavailable_reason, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_cudnn_version, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_kernel_sources, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_nvrtc_options, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_empty_cache, m)?)?;

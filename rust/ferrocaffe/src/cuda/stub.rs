@@ -19,6 +19,11 @@ pub fn availability() -> Result<()> {
     ))
 }
 
+/// The cuDNN version: none without the backend.
+pub fn cudnn_version() -> Option<usize> {
+    None
+}
+
 /// Registers nothing: without the backend, CUDA ops fail at creation.
 pub fn register(_r: &mut Registry) {}
 

@@ -4,6 +4,7 @@
 pub mod bench;
 mod blas;
 mod blaslt;
+pub mod cudnn;
 mod device;
 mod fallback;
 mod host;
@@ -14,6 +15,7 @@ pub mod op;
 pub use bench::synchronize_all;
 pub use blas::Gemm;
 pub use blaslt::BiasPlan;
+pub use cudnn::{cudnn_version, Cudnn};
 pub use device::{
     availability, device, device_of, empty_cache, num_devices, DeviceCtx, BUILT_WITH_CUDA,
 };

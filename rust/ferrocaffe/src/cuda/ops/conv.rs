@@ -5,18 +5,29 @@
 //! The argument parsing and output sizes are the CPU kernels' ([`Geometry`]); the checks and
 //! error kinds mirror `ops/cpu/conv.rs` and `ops/cpu/pool.rs`.
 //!
+//! When cuDNN is present (and `FERROCAFFE_CUDNN` is not `0` when the op is created), 2-d
+//! float32 Conv and ConvGradient with symmetric padding run on cuDNN instead (see
+//! [`CudnnPlan`]); empty tensors, asymmetric padding, sizes beyond cuDNN's 32-bit dims, and
+//! shapes the heuristics offer no FMA-math algorithm for stay on the kernels below.
+//!
 //! Column matrices: NCHW `col[b][(c * kh + ki) * kw + kj][p]` per image (group `gi`'s rows
 //! are a contiguous block), products per image and group; NHWC group-major
 //! `col[g][b][p][(ki * kw + kj) * cg + ci]`, so one product per group covers every image of a
 //! chunk (grouped outputs are shuffled to and from `[b][p][g * mg + j]`). Images go in chunks
 //! that keep the column matrix under [`COL_CAP`] floats.
 
+use std::collections::HashMap;
+use std::ffi::c_void;
 use std::sync::Arc;
 
+use cudarc::cudnn::sys as dnn;
 use cudarc::driver::CudaFunction;
 
+use crate::cuda::cudnn::{
+    check, usable_algo, ConvDesc, ConvParams, FilterDesc, Layout, TensorDesc,
+};
 use crate::cuda::op::{device, init_device, input_f32, n64, new_tensor, set_output};
-use crate::cuda::{grid, rows, DeviceCtx, Gemm};
+use crate::cuda::{grid, rows, Cudnn, DeviceCtx, Gemm};
 use crate::cuda_launch;
 use crate::device::DeviceType;
 use crate::error::Result;
@@ -130,6 +141,11 @@ struct Conv {
     no_bias: bool,
     gradient: bool,
     k: ConvKernels,
+    /// The device's cuDNN when this op may use it (present, not turned off when the op was
+    /// made, symmetric padding).
+    cudnn: Option<Arc<Cudnn>>,
+    /// cuDNN plans by (X dims, W dims); None where the shape stays on the kernels.
+    plans: HashMap<(Vec<usize>, Vec<usize>), Option<CudnnPlan>>,
 }
 
 /// A strided family of row-major matrices: image `i`, group `j` at `p + i * img + j * grp`
@@ -309,7 +325,7 @@ impl Conv {
         }
     }
 
-    fn forward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
+    fn forward(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
         let dev = device(ctx)?;
         let x = input_f32(ctx, &dev, 0)?;
         let w = input_f32(ctx, &dev, 1)?;
@@ -326,22 +342,65 @@ impl Conv {
         let y_dims = self.g.dims(d.n, d.m, d.oh, d.ow);
         let (y, yp) = new_tensor(&dev, DataType::Float, &y_dims)?;
         let ny = y.numel();
-        if ny > 0 {
+        self.prepare(&dev, &d, x.dims(), w.dims(), false)?;
+        if let Some((cd, plan)) = self.planned(x.dims(), w.dims()) {
+            plan.forward(&dev, cd, x.ptr, w.ptr, yp)?;
+            if let Some(b) = &bias {
+                self.add_bias(&dev, &d, b.ptr, yp, ny)?;
+            }
+        } else if ny > 0 {
             if d.group == d.c && d.m == d.c {
                 self.depthwise(&dev, &d, x.ptr, w.ptr, bias.as_ref().map(|b| b.ptr), yp, ny)?;
             } else {
                 self.products(&dev, &d, x.ptr, w.ptr, yp)?;
                 if let Some(b) = &bias {
-                    let inner = match self.g.order {
-                        Order::Nchw => d.so()?,
-                        Order::Nhwc => 1,
-                    };
-                    cuda_launch!(dev, self.k.bias_add, grid(ny);
-                        yp, b.ptr, n64(ny), n64(inner), n64(d.m))?;
+                    self.add_bias(&dev, &d, b.ptr, yp, ny)?;
                 }
             }
         }
         set_output(ctx, 0, y)
+    }
+
+    /// Y += the bias of each output channel.
+    fn add_bias(&self, dev: &Arc<DeviceCtx>, d: &Dims, b: u64, yp: u64, ny: usize) -> Result<()> {
+        if ny == 0 {
+            return Ok(());
+        }
+        let inner = match self.g.order {
+            Order::Nchw => d.so()?,
+            Order::Nhwc => 1,
+        };
+        cuda_launch!(dev, self.k.bias_add, grid(ny);
+            yp, b, n64(ny), n64(inner), n64(d.m))
+    }
+
+    /// Makes the cuDNN plan for these shapes on first sight of them (when this op may use
+    /// cuDNN).
+    fn prepare(
+        &mut self,
+        dev: &Arc<DeviceCtx>,
+        d: &Dims,
+        xd: &[usize],
+        wd: &[usize],
+        want_dx: bool,
+    ) -> Result<()> {
+        let Some(cd) = &self.cudnn else {
+            return Ok(());
+        };
+        let key = (xd.to_vec(), wd.to_vec());
+        if !self.plans.contains_key(&key) {
+            let p = CudnnPlan::new(dev, cd, &self.g, d, self.gradient, want_dx)?;
+            self.plans.insert(key, p);
+        }
+        Ok(())
+    }
+
+    /// The handle and the cuDNN plan for these shapes ([`prepare`](Self::prepare)d before);
+    /// None when they stay on the kernels.
+    fn planned(&self, xd: &[usize], wd: &[usize]) -> Option<(&Cudnn, &CudnnPlan)> {
+        let cd = self.cudnn.as_deref()?;
+        let p = self.plans.get(&(xd.to_vec(), wd.to_vec()))?.as_ref()?;
+        Some((cd, p))
     }
 
     /// Depthwise Conv (groups = C = M) directly, bias included.
@@ -450,7 +509,7 @@ impl Conv {
     }
 
     /// Inputs (X, W, dY); outputs (dW, db, dX) or, with no_bias, (dW, dX); dX optional.
-    fn backward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
+    fn backward(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
         let dev = device(ctx)?;
         let x = input_f32(ctx, &dev, 0)?;
         let w = input_f32(ctx, &dev, 1)?;
@@ -462,18 +521,27 @@ impl Conv {
         }
         let want_dx = ctx.num_outputs() > if self.no_bias { 1 } else { 2 };
         let (dw, dwp) = new_tensor(&dev, DataType::Float, w.dims())?;
-        dev.fill_zero(dwp, dw.numel())?;
         let dx = if want_dx {
             let (t, p) = new_tensor(&dev, DataType::Float, x.dims())?;
-            if d.mg() == 0 {
-                dev.fill_zero(p, t.numel())?;
-            }
             Some((t, p))
         } else {
             None
         };
-        let dxp = dx.as_ref().filter(|_| d.mg() > 0).map(|t| t.1);
-        self.backward_products(&dev, &d, x.ptr, w.ptr, dy.ptr, dwp, dxp)?;
+        self.prepare(&dev, &d, x.dims(), w.dims(), want_dx)?;
+        if let Some((cd, plan)) = self.planned(x.dims(), w.dims()) {
+            // Every size is positive here: dW and dX are written whole.
+            let dxp = dx.as_ref().map(|t| t.1);
+            plan.backward(&dev, cd, x.ptr, w.ptr, dy.ptr, dwp, dxp)?;
+        } else {
+            dev.fill_zero(dwp, dw.numel())?;
+            if let Some((t, p)) = &dx {
+                if d.mg() == 0 {
+                    dev.fill_zero(*p, t.numel())?;
+                }
+            }
+            let dxp = dx.as_ref().filter(|_| d.mg() > 0).map(|t| t.1);
+            self.backward_products(&dev, &d, x.ptr, w.ptr, dy.ptr, dwp, dxp)?;
+        }
         set_output(ctx, 0, dw)?;
         let mut next = 1;
         if !self.no_bias {
@@ -636,6 +704,441 @@ impl Conv {
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Conv on cuDNN
+
+/// Entries asked of cuDNN's algorithm heuristics (more than there are algorithms).
+const ALGOS: usize = 16;
+
+/// The most workspace an algorithm may ask for to be chosen.
+const WORKSPACE_CAP: usize = 1 << 30;
+
+/// An algorithm and the workspace bytes it needs.
+#[derive(Clone, Copy, Debug)]
+struct Algo<A> {
+    algo: A,
+    workspace: usize,
+}
+
+/// What cuDNN needs to run one op's convolution on one pair of input shapes: descriptors of
+/// X (and dX), Y (and dY), W (and dW) and the convolution, and the algorithms the
+/// heuristics chose (the forward one for Conv; the filter one, and the data one when dX is
+/// wanted, for ConvGradient).
+struct CudnnPlan {
+    x: TensorDesc,
+    y: TensorDesc,
+    w: FilterDesc,
+    conv: ConvDesc,
+    fwd: Option<Algo<dnn::cudnnConvolutionFwdAlgo_t>>,
+    filter: Option<Algo<dnn::cudnnConvolutionBwdFilterAlgo_t>>,
+    data: Option<Algo<dnn::cudnnConvolutionBwdDataAlgo_t>>,
+}
+
+/// A size as a positive cuDNN dimension (None: zero, or beyond 32 bits).
+fn dnn_dim(v: usize) -> Option<i32> {
+    i32::try_from(v).ok().filter(|&v| v > 0)
+}
+
+/// A device address as cuDNN takes it.
+fn dptr(p: u64) -> *mut c_void {
+    p as usize as *mut c_void
+}
+
+/// A host scalar (alpha, beta) as cuDNN takes it.
+fn scalar(v: &f32) -> *const c_void {
+    (v as *const f32).cast()
+}
+
+/// The first algorithm of the heuristics' list (best first) that is supported, uses no
+/// tensor-core math and needs at most [`WORKSPACE_CAP`] bytes.
+fn first_usable<P, A: Copy>(
+    perf: &[P],
+    count: i32,
+    fields: impl Fn(&P) -> (A, dnn::cudnnStatus_t, dnn::cudnnMathType_t, usize),
+) -> Option<A> {
+    let n = usize::try_from(count).unwrap_or(0).min(perf.len());
+    perf[..n]
+        .iter()
+        .map(fields)
+        .find_map(|(a, status, math, mem)| {
+            (usable_algo(status, math) && mem <= WORKSPACE_CAP).then_some(a)
+        })
+}
+
+impl CudnnPlan {
+    /// The plan of a convolution of sizes `d`, or None when cuDNN cannot take it (a size
+    /// is zero or beyond its 32-bit dims, or no algorithm fits).
+    fn new(
+        dev: &Arc<DeviceCtx>,
+        cd: &Cudnn,
+        g: &Geometry,
+        d: &Dims,
+        gradient: bool,
+        want_dx: bool,
+    ) -> Result<Option<Self>> {
+        let sizes = [
+            d.n,
+            d.c,
+            d.h,
+            d.w,
+            d.m,
+            d.cg(),
+            d.kh,
+            d.kw,
+            d.oh,
+            d.ow,
+            d.group,
+        ];
+        let mut v = [0i32; 11];
+        for (o, &s) in v.iter_mut().zip(&sizes) {
+            let Some(s) = dnn_dim(s) else {
+                return Ok(None);
+            };
+            *o = s;
+        }
+        let [n, c, h, w, m, cg, kh, kw, oh, ow, groups] = v;
+        let elems = [
+            prod(&[d.n, d.c, d.h, d.w])?,
+            prod(&[d.n, d.m, d.oh, d.ow])?,
+            prod(&[d.m, d.cg(), d.kh, d.kw])?,
+        ];
+        if elems.iter().any(|&e| i32::try_from(e).is_err()) {
+            return Ok(None);
+        }
+        let geo = [
+            g.pad[0],
+            g.pad[1],
+            g.stride[0],
+            g.stride[1],
+            g.dilation[0],
+            g.dilation[1],
+        ];
+        let mut q = [0i32; 6];
+        for (o, &s) in q.iter_mut().zip(&geo) {
+            let Ok(s) = i32::try_from(s) else {
+                return Ok(None);
+            };
+            *o = s;
+        }
+        let [pad_h, pad_w, stride_h, stride_w, dil_h, dil_w] = q;
+        let layout = match g.order {
+            Order::Nchw => Layout::Nchw,
+            Order::Nhwc => Layout::Nhwc,
+        };
+        let xd = TensorDesc::new(layout, [n, c, h, w])?;
+        let yd = TensorDesc::new(layout, [n, m, oh, ow])?;
+        let wd = FilterDesc::new(layout, [m, cg, kh, kw])?;
+        let conv = ConvDesc::new(ConvParams {
+            pad: [pad_h, pad_w],
+            stride: [stride_h, stride_w],
+            dilation: [dil_h, dil_w],
+            groups,
+        })?;
+        let mut plan = CudnnPlan {
+            x: xd,
+            y: yd,
+            w: wd,
+            conv,
+            fwd: None,
+            filter: None,
+            data: None,
+        };
+        let usable = cd.with(dev, |hd| {
+            if plan.out_dims()? != [n, m, oh, ow] {
+                return Ok(false);
+            }
+            if gradient {
+                plan.filter = plan.filter_algo(hd)?;
+                if want_dx {
+                    plan.data = plan.data_algo(hd)?;
+                }
+                Ok(plan.filter.is_some() && (!want_dx || plan.data.is_some()))
+            } else {
+                plan.fwd = plan.fwd_algo(hd)?;
+                Ok(plan.fwd.is_some())
+            }
+        })?;
+        Ok(usable.then_some(plan))
+    }
+
+    /// cuDNN's output dims `[n, c, h, w]` of the forward convolution (checked against ours).
+    fn out_dims(&self) -> Result<[i32; 4]> {
+        let (mut n, mut c, mut h, mut w) = (0i32, 0i32, 0i32, 0i32);
+        // SAFETY: the descriptors are live; (convolution, input tensor, filter, n, c, h, w)
+        // with four valid places for the results.
+        check("cudnnGetConvolution2dForwardOutputDim", unsafe {
+            dnn::cudnnGetConvolution2dForwardOutputDim(
+                self.conv.raw(),
+                self.x.raw(),
+                self.w.raw(),
+                &mut n,
+                &mut c,
+                &mut h,
+                &mut w,
+            )
+        })?;
+        Ok([n, c, h, w])
+    }
+
+    fn fwd_algo(
+        &self,
+        h: dnn::cudnnHandle_t,
+    ) -> Result<Option<Algo<dnn::cudnnConvolutionFwdAlgo_t>>> {
+        let init = dnn::cudnnConvolutionFwdAlgoPerf_t {
+            algo: dnn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+            status: dnn::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED,
+            time: 0.0,
+            memory: 0,
+            determinism: dnn::cudnnDeterminism_t::CUDNN_NON_DETERMINISTIC,
+            mathType: dnn::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+            reserved: [0; 3],
+        };
+        let mut perf = [init; ALGOS];
+        let mut count = 0i32;
+        // SAFETY: live handle and descriptors; (handle, x, w, conv, y, requested count,
+        // returned count, results) with room for the ALGOS results requested.
+        check("cudnnGetConvolutionForwardAlgorithm_v7", unsafe {
+            dnn::cudnnGetConvolutionForwardAlgorithm_v7(
+                h,
+                self.x.raw(),
+                self.w.raw(),
+                self.conv.raw(),
+                self.y.raw(),
+                ALGOS as i32,
+                &mut count,
+                perf.as_mut_ptr(),
+            )
+        })?;
+        let Some(algo) = first_usable(&perf, count, |p| (p.algo, p.status, p.mathType, p.memory))
+        else {
+            return Ok(None);
+        };
+        let mut workspace = 0usize;
+        // SAFETY: as above; (handle, x, w, conv, y, algorithm, size).
+        check("cudnnGetConvolutionForwardWorkspaceSize", unsafe {
+            dnn::cudnnGetConvolutionForwardWorkspaceSize(
+                h,
+                self.x.raw(),
+                self.w.raw(),
+                self.conv.raw(),
+                self.y.raw(),
+                algo,
+                &mut workspace,
+            )
+        })?;
+        Ok(Some(Algo { algo, workspace }))
+    }
+
+    fn filter_algo(
+        &self,
+        h: dnn::cudnnHandle_t,
+    ) -> Result<Option<Algo<dnn::cudnnConvolutionBwdFilterAlgo_t>>> {
+        let init = dnn::cudnnConvolutionBwdFilterAlgoPerf_t {
+            algo: dnn::cudnnConvolutionBwdFilterAlgo_t::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0,
+            status: dnn::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED,
+            time: 0.0,
+            memory: 0,
+            determinism: dnn::cudnnDeterminism_t::CUDNN_NON_DETERMINISTIC,
+            mathType: dnn::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+            reserved: [0; 3],
+        };
+        let mut perf = [init; ALGOS];
+        let mut count = 0i32;
+        // SAFETY: live handle and descriptors; (handle, x, dy, conv, dw, requested count,
+        // returned count, results) with room for the ALGOS results requested.
+        check("cudnnGetConvolutionBackwardFilterAlgorithm_v7", unsafe {
+            dnn::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                h,
+                self.x.raw(),
+                self.y.raw(),
+                self.conv.raw(),
+                self.w.raw(),
+                ALGOS as i32,
+                &mut count,
+                perf.as_mut_ptr(),
+            )
+        })?;
+        let Some(algo) = first_usable(&perf, count, |p| (p.algo, p.status, p.mathType, p.memory))
+        else {
+            return Ok(None);
+        };
+        let mut workspace = 0usize;
+        // SAFETY: as above; (handle, x, dy, conv, dw, algorithm, size).
+        check("cudnnGetConvolutionBackwardFilterWorkspaceSize", unsafe {
+            dnn::cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                h,
+                self.x.raw(),
+                self.y.raw(),
+                self.conv.raw(),
+                self.w.raw(),
+                algo,
+                &mut workspace,
+            )
+        })?;
+        Ok(Some(Algo { algo, workspace }))
+    }
+
+    fn data_algo(
+        &self,
+        h: dnn::cudnnHandle_t,
+    ) -> Result<Option<Algo<dnn::cudnnConvolutionBwdDataAlgo_t>>> {
+        let init = dnn::cudnnConvolutionBwdDataAlgoPerf_t {
+            algo: dnn::cudnnConvolutionBwdDataAlgo_t::CUDNN_CONVOLUTION_BWD_DATA_ALGO_0,
+            status: dnn::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED,
+            time: 0.0,
+            memory: 0,
+            determinism: dnn::cudnnDeterminism_t::CUDNN_NON_DETERMINISTIC,
+            mathType: dnn::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+            reserved: [0; 3],
+        };
+        let mut perf = [init; ALGOS];
+        let mut count = 0i32;
+        // SAFETY: live handle and descriptors; (handle, w, dy, conv, dx, requested count,
+        // returned count, results) with room for the ALGOS results requested.
+        check("cudnnGetConvolutionBackwardDataAlgorithm_v7", unsafe {
+            dnn::cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                h,
+                self.w.raw(),
+                self.y.raw(),
+                self.conv.raw(),
+                self.x.raw(),
+                ALGOS as i32,
+                &mut count,
+                perf.as_mut_ptr(),
+            )
+        })?;
+        let Some(algo) = first_usable(&perf, count, |p| (p.algo, p.status, p.mathType, p.memory))
+        else {
+            return Ok(None);
+        };
+        let mut workspace = 0usize;
+        // SAFETY: as above; (handle, w, dy, conv, dx, algorithm, size).
+        check("cudnnGetConvolutionBackwardDataWorkspaceSize", unsafe {
+            dnn::cudnnGetConvolutionBackwardDataWorkspaceSize(
+                h,
+                self.w.raw(),
+                self.y.raw(),
+                self.conv.raw(),
+                self.x.raw(),
+                algo,
+                &mut workspace,
+            )
+        })?;
+        Ok(Some(Algo { algo, workspace }))
+    }
+
+    /// Y = conv(X, W) (without bias), written whole.
+    fn forward(&self, dev: &Arc<DeviceCtx>, cd: &Cudnn, x: u64, w: u64, y: u64) -> Result<()> {
+        let Some(a) = self.fwd else {
+            bail!(Runtime: "Conv: the cuDNN plan has no forward algorithm");
+        };
+        // Freed after the call is queued: stream order keeps its reuse after the call.
+        let ws = dev.alloc_block(a.workspace)?;
+        let (one, zero) = (1.0f32, 0.0f32);
+        cd.with(dev, |h| {
+            // SAFETY: live handle and descriptors of these tensors' shapes; x, w and y are
+            // device addresses of that many floats, the workspace holds `a.workspace` bytes;
+            // (handle, alpha, xDesc, x, wDesc, w, conv, algo, workspace, bytes, beta, yDesc,
+            // y), alpha and beta host floats (float data).
+            check("cudnnConvolutionForward", unsafe {
+                dnn::cudnnConvolutionForward(
+                    h,
+                    scalar(&one),
+                    self.x.raw(),
+                    dptr(x),
+                    self.w.raw(),
+                    dptr(w),
+                    self.conv.raw(),
+                    a.algo,
+                    dptr(ws.ptr()),
+                    a.workspace,
+                    scalar(&zero),
+                    self.y.raw(),
+                    dptr(y),
+                )
+            })
+        })?;
+        drop(ws);
+        Ok(())
+    }
+
+    /// dW (and dX when `dx` is given) from X, W and dY, written whole.
+    #[allow(clippy::too_many_arguments)]
+    fn backward(
+        &self,
+        dev: &Arc<DeviceCtx>,
+        cd: &Cudnn,
+        x: u64,
+        w: u64,
+        dy: u64,
+        dw: u64,
+        dx: Option<u64>,
+    ) -> Result<()> {
+        let Some(f) = self.filter else {
+            bail!(Runtime: "ConvGradient: the cuDNN plan has no filter algorithm");
+        };
+        let data = match (dx, self.data) {
+            (None, _) => None,
+            (Some(p), Some(a)) => Some((p, a)),
+            (Some(_), None) => {
+                bail!(Runtime: "ConvGradient: the cuDNN plan has no data algorithm")
+            }
+        };
+        let bytes = f.workspace.max(data.map_or(0, |(_, a)| a.workspace));
+        // One workspace for both calls (they run in stream order), freed after both.
+        let ws = dev.alloc_block(bytes)?;
+        let (one, zero) = (1.0f32, 0.0f32);
+        cd.with(dev, |h| {
+            // SAFETY: live handle and descriptors of these tensors' shapes; x, dy and dw are
+            // device addresses of that many floats, the workspace holds at least
+            // `f.workspace` bytes; (handle, alpha, xDesc, x, dyDesc, dy, conv, algo,
+            // workspace, bytes, beta, dwDesc, dw).
+            check("cudnnConvolutionBackwardFilter", unsafe {
+                dnn::cudnnConvolutionBackwardFilter(
+                    h,
+                    scalar(&one),
+                    self.x.raw(),
+                    dptr(x),
+                    self.y.raw(),
+                    dptr(dy),
+                    self.conv.raw(),
+                    f.algo,
+                    dptr(ws.ptr()),
+                    f.workspace,
+                    scalar(&zero),
+                    self.w.raw(),
+                    dptr(dw),
+                )
+            })?;
+            if let Some((dxp, a)) = data {
+                // SAFETY: as above, w and dx of W's and X's shapes, the workspace at least
+                // `a.workspace` bytes; (handle, alpha, wDesc, w, dyDesc, dy, conv, algo,
+                // workspace, bytes, beta, dxDesc, dx).
+                check("cudnnConvolutionBackwardData", unsafe {
+                    dnn::cudnnConvolutionBackwardData(
+                        h,
+                        scalar(&one),
+                        self.w.raw(),
+                        dptr(w),
+                        self.y.raw(),
+                        dptr(dy),
+                        self.conv.raw(),
+                        a.algo,
+                        dptr(ws.ptr()),
+                        a.workspace,
+                        scalar(&zero),
+                        self.x.raw(),
+                        dptr(dxp),
+                    )
+                })?;
+            }
+            Ok(())
+        })?;
+        drop(ws);
+        Ok(())
+    }
+}
+
 impl Operator for Conv {
     fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
         if self.gradient {
@@ -654,6 +1157,13 @@ fn create_conv(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
     }
     let no_bias = init.args.bool("no_bias", false)?;
     let dev = init_device(init)?;
+    // cuDNN pads both sides of a dimension alike.
+    let symmetric = g.pad[0] == g.pad[2] && g.pad[1] == g.pad[3];
+    let cudnn = if symmetric {
+        dev.cudnn().map_err(|e| init.err(e))?
+    } else {
+        None
+    };
     let (im2col, col2im) = match g.order {
         Order::Nchw => ("im2col_nchw_f32", "col2im_nchw_f32"),
         Order::Nhwc => ("im2col_nhwc_f32", "col2im_nhwc_f32"),
@@ -674,6 +1184,8 @@ fn create_conv(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
         no_bias,
         gradient,
         k,
+        cudnn,
+        plans: HashMap::new(),
     }))
 }
 
