@@ -16,6 +16,7 @@ pub const MODULES: &[(&str, &str)] = &[
     ("nn", include_str!("kernels/nn.cu")),
     ("conv", include_str!("kernels/conv.cu")),
     ("sparse", include_str!("kernels/sparse.cu")),
+    ("extra", include_str!("kernels/extra.cu")),
 ];
 
 /// The module `name`: its static name and full source (prelude included).

@@ -4,6 +4,7 @@
 
 mod conv;
 mod copy;
+mod extra;
 mod fc;
 mod math;
 mod nn;
@@ -17,6 +18,7 @@ use crate::ops::registry::Registry;
 pub fn register(r: &mut Registry) {
     conv::register(r);
     copy::register(r);
+    extra::register(r);
     fc::register(r);
     math::register(r);
     nn::register(r);
