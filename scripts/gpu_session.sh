@@ -11,10 +11,17 @@ export PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
 step() { printf '\n== %s (%ss)\n' "$1" "$SECONDS"; }
 
+# cuDNN (and the other CUDA libraries) from pip wheels, e.g. PyTorch's, when they are not on
+# the loader's path: ferrocaffe loads them at run time by name.
+for d in $("$PY" -c "import glob, site; [print(p) for s in site.getsitepackages() for p in glob.glob(s + '/nvidia/*/lib')]" 2>/dev/null); do
+    LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
+export LD_LIBRARY_PATH
+
 step "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 nproc
-"$PY" -c "from ferrocaffe import workspace as w, _native as n; print('cuda devices', w.NumCudaDevices(), n.cuda_unavailable_reason())"
+"$PY" -c "from ferrocaffe import workspace as w, _native as n; print('cuda devices', w.NumCudaDevices(), n.cuda_unavailable_reason(), 'cudnn', n.cuda_cudnn_version())"
 
 step "CUDA tests"
 # One process per file: a kernel fault leaves its CUDA context unusable, and should not take
