@@ -13,7 +13,6 @@ use cudarc::cublaslt::sys;
 
 use super::blas::Gemm;
 use super::device::DeviceCtx;
-use super::memory::CudaMemory;
 use crate::error::{Error, Result};
 
 /// Bytes of scratch memory cuBLASLt may use per call.
@@ -30,10 +29,11 @@ fn present() -> bool {
     *P.get_or_init(|| unsafe { sys::is_culib_present() })
 }
 
-/// A device's cuBLASLt handle and workspace.
+/// A device's cuBLASLt handle and workspace (driver memory kept for the process's life, not
+/// counted in the pool's figures).
 pub struct LtHandle {
     handle: sys::cublasLtHandle_t,
-    workspace: CudaMemory,
+    workspace: u64,
 }
 
 // SAFETY: the handle is used under the device's cuBLAS mutex only.
@@ -61,7 +61,7 @@ impl DeviceCtx {
         let made = std::panic::catch_unwind(lt::create_handle)
             .map_err(|_| Error::Device("cuBLASLt could not be loaded".into()))?;
         let handle = made.map_err(|e| lt_error("cublasLtCreate", e))?;
-        let workspace = self.alloc_block(WORKSPACE)?;
+        let workspace = self.malloc(WORKSPACE)?;
         let _ = self.lt.set(LtHandle { handle, workspace });
         Ok(self.lt.get())
     }
@@ -195,7 +195,7 @@ impl DeviceCtx {
                 c as *mut c_void,
                 p.c.0,
                 &p.algo,
-                h.workspace.ptr() as *mut c_void,
+                h.workspace as *mut c_void,
                 WORKSPACE,
                 self.stream.cu_stream() as sys::cudaStream_t,
             )

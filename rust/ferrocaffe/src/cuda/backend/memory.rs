@@ -86,7 +86,9 @@ impl DeviceCtx {
         })
     }
 
-    fn malloc(&self, size: usize) -> Result<u64> {
+    /// Device memory straight from the driver (not the pool): for libraries' workspaces that
+    /// live as long as the device.
+    pub(super) fn malloc(&self, size: usize) -> Result<u64> {
         self.bind()?;
         // SAFETY: a plain device allocation in the bound context.
         match unsafe { result::malloc_sync(size) } {

@@ -146,6 +146,8 @@ struct Conv {
     cudnn: Option<Arc<Cudnn>>,
     /// cuDNN plans by (X dims, W dims); None where the shape stays on the kernels.
     plans: HashMap<(Vec<usize>, Vec<usize>), Option<CudnnPlan>>,
+    /// Forward shapes whose path (cuDNN or the kernels) has been chosen by timing both.
+    timed: std::collections::HashSet<(Vec<usize>, Vec<usize>)>,
 }
 
 /// A strided family of row-major matrices: image `i`, group `j` at `p + i * img + j * grp`
@@ -343,22 +345,89 @@ impl Conv {
         let (y, yp) = new_tensor(&dev, DataType::Float, &y_dims)?;
         let ny = y.numel();
         self.prepare(&dev, &d, x.dims(), w.dims(), false)?;
-        if let Some((cd, plan)) = self.planned(x.dims(), w.dims()) {
-            plan.forward(&dev, cd, x.ptr, w.ptr, yp)?;
-            if let Some(b) = &bias {
-                self.add_bias(&dev, &d, b.ptr, yp, ny)?;
-            }
-        } else if ny > 0 {
-            if d.group == d.c && d.m == d.c {
-                self.depthwise(&dev, &d, x.ptr, w.ptr, bias.as_ref().map(|b| b.ptr), yp, ny)?;
-            } else {
-                self.products(&dev, &d, x.ptr, w.ptr, yp)?;
-                if let Some(b) = &bias {
-                    self.add_bias(&dev, &d, b.ptr, yp, ny)?;
+        let b = bias.as_ref().map(|b| b.ptr);
+        let key = (x.dims().to_vec(), w.dims().to_vec());
+        if !self.timed.contains(&key) {
+            if let Some((cd, plan)) = self.planned(x.dims(), w.dims()) {
+                // cuDNN's heuristic choice is not always faster than the kernels here
+                // (depthwise and 1x1 convolutions, small images): time both once for this
+                // shape, keep the faster.
+                let t_dnn = self.time(&dev, || {
+                    self.forward_cudnn(&dev, &d, (cd, plan), x.ptr, w.ptr, b, yp, ny)
+                })?;
+                let t_ker = self.time(&dev, || {
+                    self.forward_kernels(&dev, &d, x.ptr, w.ptr, b, yp, ny)
+                })?;
+                if t_ker <= t_dnn {
+                    self.plans.insert(key.clone(), None);
                 }
             }
+            self.timed.insert(key);
+        }
+        if let Some(p) = self.planned(x.dims(), w.dims()) {
+            self.forward_cudnn(&dev, &d, p, x.ptr, w.ptr, b, yp, ny)?;
+        } else {
+            self.forward_kernels(&dev, &d, x.ptr, w.ptr, b, yp, ny)?;
         }
         set_output(ctx, 0, y)
+    }
+
+    /// Seconds per call of `f` (three calls after one, the device synchronised around them).
+    fn time(&self, dev: &Arc<DeviceCtx>, f: impl Fn() -> Result<()>) -> Result<f64> {
+        f()?;
+        dev.synchronize()?;
+        let t0 = std::time::Instant::now();
+        for _ in 0..3 {
+            f()?;
+        }
+        dev.synchronize()?;
+        Ok(t0.elapsed().as_secs_f64())
+    }
+
+    /// Y = conv(X, W) (+ bias) on cuDNN (the plan must exist).
+    #[allow(clippy::too_many_arguments)]
+    fn forward_cudnn(
+        &self,
+        dev: &Arc<DeviceCtx>,
+        d: &Dims,
+        (cd, plan): (&Cudnn, &CudnnPlan),
+        x: u64,
+        w: u64,
+        bias: Option<u64>,
+        yp: u64,
+        ny: usize,
+    ) -> Result<()> {
+        plan.forward(dev, cd, x, w, yp)?;
+        if let Some(b) = bias {
+            self.add_bias(dev, d, b, yp, ny)?;
+        }
+        Ok(())
+    }
+
+    /// Y = conv(X, W) (+ bias) on the kernels (direct depthwise, or im2col + cuBLAS).
+    #[allow(clippy::too_many_arguments)]
+    fn forward_kernels(
+        &self,
+        dev: &Arc<DeviceCtx>,
+        d: &Dims,
+        x: u64,
+        w: u64,
+        bias: Option<u64>,
+        yp: u64,
+        ny: usize,
+    ) -> Result<()> {
+        if ny == 0 {
+            return Ok(());
+        }
+        if d.group == d.c && d.m == d.c {
+            self.depthwise(dev, d, x, w, bias, yp, ny)
+        } else {
+            self.products(dev, d, x, w, yp)?;
+            match bias {
+                Some(b) => self.add_bias(dev, d, b, yp, ny),
+                None => Ok(()),
+            }
+        }
     }
 
     /// Y += the bias of each output channel.
@@ -1186,6 +1255,7 @@ fn create_conv(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
         k,
         cudnn,
         plans: HashMap::new(),
+        timed: Default::default(),
     }))
 }
 
