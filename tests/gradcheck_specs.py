@@ -214,6 +214,19 @@ def _lengths_cases():
                 [("DATA", data), ("INDICES", const([[0, 3], [3, 4]]))],
                 variant="2d_indices",
             ),
+            # axis > 0: a dense BatchGatherGradient; index 3 repeats, so its rows add up.
+            _c(
+                "Gather",
+                [("DATA", uniform((2, 4, 3))), ("INDICES", const([[0, 3], [3, 1]]))],
+                args={"axis": 1},
+                variant="axis1",
+            ),
+            _c(
+                "Gather",
+                [("DATA", uniform((2, 3, 4))), ("INDICES", const([2, 0, 2], np.int64))],
+                args={"axis": -1},
+                variant="last_axis_int64",
+            ),
         ],
         "SparseLengthsSum": [
             _c("SparseLengthsSum", [("DATA", data), ("INDICES", idx), ("LENGTHS", lengths)])
@@ -456,6 +469,8 @@ SPECS = {
     "Reciprocal": _unary("Reciprocal", positive),
     "Rsqrt": _unary("Rsqrt", positive),
     "RSqrt": _unary("RSqrt", positive),
+    "Cube": _unary("Cube", uniform),
+    "Log1p": _unary("Log1p", lambda shape: uniform(shape, -0.5, 1.0)),
     "PadImage": [
         _c("PadImage", [("X", uniform((1, 2, 3, 3)))], args={"pad": 1}),
         _c(
@@ -689,7 +704,22 @@ SPECS = {
         _c(
             "InstanceNorm",
             [("X", uniform((2, 3, 2, 2))), ("scale", uniform((3,))), ("bias", uniform((3,)))],
-        )
+        ),
+        # The saved mean and inverse std feed the gradient op (its six-input form).
+        _c(
+            "InstanceNorm",
+            [("X", uniform((2, 3, 2, 3))), ("scale", uniform((3,))), ("bias", uniform((3,)))],
+            ("Y", "mean", "rstd"),
+            args={"epsilon": 1e-3},
+            variant="saved_stats",
+        ),
+        _c(
+            "InstanceNorm",
+            [("X", uniform((2, 2, 3, 3))), ("scale", uniform((3,))), ("bias", uniform((3,)))],
+            ("Y", "mean", "rstd"),
+            args={"order": "NHWC"},
+            variant="nhwc",
+        ),
     ],
     "LRN": [
         _c("LRN", [("X", uniform((2, 5, 2, 2)))], args={"size": 3, "alpha": 0.1, "beta": 0.75}),
@@ -707,7 +737,25 @@ SPECS = {
             "ConvTranspose",
             [("X", uniform((1, 2, 3, 3))), ("W", uniform((2, 3, 2, 2))), ("b", uniform((3,)))],
             args={"kernel": 2, "stride": 2},
-        )
+        ),
+        _c(
+            "ConvTranspose",
+            [("X", uniform((2, 2, 3, 2))), ("W", uniform((2, 3, 3, 3))), ("b", uniform((3,)))],
+            args={"kernel": 3, "stride": 2, "pads": [1, 0, 0, 1], "adj": 1},
+            variant="pads_adj",
+        ),
+        _c(
+            "ConvTranspose",
+            [("X", uniform((2, 3, 2, 2))), ("W", uniform((2, 3, 3, 2)))],
+            args={"kernel": 3, "stride": 1, "pad": 1, "order": "NHWC"},
+            variant="nhwc_no_bias",
+        ),
+        _c(
+            "ConvTranspose",
+            [("X", uniform((1, 2, 2, 3))), ("W", uniform((3, 2, 2, 2))), ("b", uniform((2,)))],
+            args={"kernel": 2, "stride": 2, "order": "NHWC"},
+            variant="nhwc_bias",
+        ),
     ],
     "MaxPool": _pool_cases("MaxPool"),
     "AveragePool": _pool_cases("AveragePool"),
@@ -725,7 +773,18 @@ SPECS = {
             "UpsampleBilinear",
             [("X", uniform((1, 2, 3, 3)))],
             args={"width_scale": 2.0, "height_scale": 2.0},
-        )
+        ),
+        _c(
+            "UpsampleBilinear",
+            [("X", uniform((2, 1, 3, 4)))],
+            args={"width_scale": 1.5, "height_scale": 2.5},
+            variant="fractional",
+        ),
+        _c(
+            "UpsampleBilinear",
+            [("X", uniform((1, 2, 4, 3))), ("scales", const([0.5, 2.0], np.float32))],
+            variant="scales_input_downsample",
+        ),
     ],
     # -- layout and shape
     "Transpose": [
@@ -760,6 +819,31 @@ SPECS = {
             ("Y", "split_info"),
             args={"axis": 1, "add_axis": 1},
             variant="add_axis",
+        ),
+    ],
+    "DepthConcat": [
+        _c(
+            "DepthConcat",
+            [("A", uniform((2, 3, 2))), ("B", uniform((2, 1, 2)))],
+            ("Y", "split_info"),
+        ),
+        _c(
+            "DepthConcat",
+            [("A", uniform((2, 2))), ("B", uniform((2, 3))), ("C", uniform((2, 1)))],
+            ("Y", "split_info"),
+            args={"axis": 1},
+            variant="three",
+        ),
+    ],
+    "DepthSplit": [
+        _c("DepthSplit", [("X", uniform((2, 4, 2)))], ("Y0", "Y1"), grads=[0, 1]),
+        _c(
+            "DepthSplit",
+            [("X", uniform((5, 2)))],
+            ("Y0", "Y1"),
+            args={"axis": 0, "split": [2, 3]},
+            grads=[0, 1],
+            variant="sizes",
         ),
     ],
     "Split": [

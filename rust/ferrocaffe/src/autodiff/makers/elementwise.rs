@@ -64,6 +64,8 @@ pub fn register(r: &mut Registry) {
         r.register_maker(t, single(g, &[I(0), GO(0)], &[GI(0)]));
     }
     r.register_maker("Cbrt", single("CbrtGradient", &[GO(0), O(0)], &[GI(0)]));
+    r.register_maker("Cube", single("CubeGradient", &[GO(0), I(0)], &[GI(0)]));
+    r.register_maker("Log1p", single("Log1pGradient", &[I(0), GO(0)], &[GI(0)]));
     r.register_maker("Rsqrt", single("RsqrtGradient", &[GO(0), O(0)], &[GI(0)]));
     r.register_maker("RSqrt", single("RSqrtGradient", &[GO(0), O(0)], &[GI(0)]));
     // Precision casts: the gradient is the opposite cast.
@@ -334,6 +336,18 @@ mod tests {
         assert_eq!(out.ops[0].arg, vec![arg_f("exponent", 0.75)]);
         def.arg = vec![arg_f("exponent", 0.0)];
         assert!(run(&def, &[GradRef::Dense("X_g".into())]).is_err());
+    }
+
+    #[test]
+    fn cube_and_log1p_read_x_in_caffe2_order() {
+        let g = [GradRef::Dense("Y_g".into())];
+        let out = run(&OperatorDef::new("Cube", ["X"], ["Y"]), &g).expect("gradient");
+        assert_eq!(out.ops[0].r#type(), "CubeGradient");
+        assert_eq!(out.ops[0].input, vec!["Y_g", "X"]);
+        let out = run(&OperatorDef::new("Log1p", ["X"], ["Y"]), &g).expect("gradient");
+        assert_eq!(out.ops[0].r#type(), "Log1pGradient");
+        assert_eq!(out.ops[0].input, vec!["X", "Y_g"]);
+        assert_eq!(out.ops[0].output, vec!["X_grad"]);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Shape and layout operators: `Reshape`, `Flatten`, `FlattenToVec`, `Transpose`, `Concat`,
-//! `Split`, `Slice`, `Squeeze`, `ExpandDims`, `Tile`, `NHWC2NCHW`, `NCHW2NHWC`.
+//! `Split` (and their legacy names `DepthConcat`, `DepthSplit`), `Slice`, `Squeeze`, `ExpandDims`, `Tile`, `NHWC2NCHW`, `NCHW2NHWC`.
 
 use super::util::{
     fail, gop, grad_in, grad_out, has_grad_out, input, output, single, Args, Slot::*,
@@ -18,8 +18,12 @@ pub fn register(r: &mut Registry) {
         single("ResizeLike", &[GO(0), I(0)], &[GI(0)]),
     );
     r.register_maker("Transpose", transpose);
+    // DepthConcat / DepthSplit are Caffe2's legacy names of Concat / Split and share their
+    // makers, which emit Split / Concat.
     r.register_maker("Concat", concat);
+    r.register_maker("DepthConcat", concat);
     r.register_maker("Split", split);
+    r.register_maker("DepthSplit", split);
     r.register_maker("Slice", slice);
     r.register_maker("Squeeze", single("ExpandDims", &[GO(0)], &[GI(0)]));
     r.register_maker("ExpandDims", single("Squeeze", &[GO(0)], &[GI(0)]));
@@ -156,6 +160,21 @@ mod tests {
         let out = run(&def, &none).expect("grad");
         assert!(out.ops.is_empty());
         assert_eq!(out.input_grads, vec![GradRef::None]);
+    }
+
+    #[test]
+    fn depth_concat_and_depth_split_use_the_concat_and_split_makers() {
+        let def = OperatorDef::new("DepthConcat", ["a", "b"], ["y", "info"]);
+        let out = run(&def, &[GradRef::Dense("dy".into()), GradRef::None]).expect("grad");
+        assert_eq!(out.ops[0].r#type(), "Split");
+        assert_eq!(out.ops[0].input, vec!["dy", "info"]);
+        assert_eq!(out.ops[0].output, vec!["a_grad", "b_grad"]);
+        let def = OperatorDef::new("DepthSplit", ["X"], ["a", "b"]);
+        let g = [GradRef::Dense("da".into()), GradRef::Dense("db".into())];
+        let out = run(&def, &g).expect("grad");
+        assert_eq!(out.ops[0].r#type(), "Concat");
+        assert_eq!(out.ops[0].input, vec!["da", "db"]);
+        assert_eq!(out.ops[0].output, vec!["X_grad", "_X_grad_dims"]);
     }
 
     #[test]

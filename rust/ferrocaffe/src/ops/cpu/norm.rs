@@ -1,8 +1,8 @@
 //! Normalisation: SpatialBN (inference with `is_test`, and training with running statistics)
-//! and its gradient, LRN (cross-channel) and its gradient, InstanceNorm, LayerNorm and its
-//! gradient — NCHW or NHWC where it applies.
+//! and its gradient, LRN (cross-channel) and its gradient, InstanceNorm and its gradient,
+//! LayerNorm and its gradient — NCHW or NHWC where it applies.
 
-use crate::error::Result;
+use crate::error::{try_vec, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 use crate::{bail, err};
@@ -26,6 +26,7 @@ pub fn register(r: &mut Registry) {
     r.cpu("LRN", |i| create_lrn(i, false));
     r.cpu("LRNGradient", |i| create_lrn(i, true));
     r.cpu("InstanceNorm", create_instance_norm);
+    r.cpu("InstanceNormGradient", create_instance_norm_gradient);
     r.cpu("LayerNorm", |i| create_layer_norm(i, false));
     r.cpu("LayerNormGradient", |i| create_layer_norm(i, true));
 }
@@ -417,6 +418,115 @@ impl Operator for InstanceNorm {
 
 fn create_instance_norm(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     Ok(Box::new(InstanceNorm {
+        eps: init.args.float("epsilon", 1e-5)?,
+        nhwc: nhwc(init)?,
+    }))
+}
+
+/// Mean and inverse standard deviation of every (image, channel) of `x`, as InstanceNorm
+/// computes them.
+fn instance_moments(
+    x: &[f32],
+    (n, c, inner): (usize, usize, usize),
+    nhwc: bool,
+    eps: f32,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let mut means = try_vec(n * c, 0f32, "InstanceNorm means")?;
+    let mut invs = try_vec(n * c, 0f32, "InstanceNorm inverse std")?;
+    for img in 0..n {
+        for ch in 0..c {
+            let (mut s1, mut s2) = (0f64, 0f64);
+            for s in 0..inner {
+                let v = x[at(nhwc, c, inner, img, ch, s)] as f64;
+                s1 += v;
+                s2 += v * v;
+            }
+            let m = inner.max(1) as f64;
+            let mean = (s1 / m) as f32;
+            let var = ((s2 / m) as f32 - mean * mean).max(0.0);
+            means[img * c + ch] = mean;
+            invs[img * c + ch] = 1.0 / (var + eps).sqrt();
+        }
+    }
+    Ok((means, invs))
+}
+
+/// InstanceNormGradient: inputs X, scale, bias, dY and, when all six are given, the saved
+/// mean and inverse std (`[N, C]`; otherwise recomputed from X with `epsilon`); outputs dX,
+/// dscale, dbias.
+struct InstanceNormGradient {
+    eps: f32,
+    nhwc: bool,
+}
+
+impl Operator for InstanceNormGradient {
+    fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
+        let dims = ctx.input(0)?.dims().to_vec();
+        let shape = layout(&dims, self.nhwc)?;
+        let (n, c, inner) = shape;
+        let scale = channel_vec(ctx, 1, c)?;
+        channel_vec(ctx, 2, c)?;
+        let dy_dims = ctx.input(3)?.dims();
+        if dy_dims != dims.as_slice() {
+            bail!(ShapeMismatch: "dY has shape {dy_dims:?}, expected X's shape {dims:?}");
+        }
+        let x = ctx.input(0)?.as_slice::<f32>()?;
+        let dy = ctx.input(3)?.as_slice::<f32>()?;
+        let (means, invs) = if ctx.num_inputs() >= 6 {
+            let saved = |i: usize| -> Result<Vec<f32>> {
+                let v = ctx.input(i)?.as_slice::<f32>()?;
+                if v.len() != n * c {
+                    bail!(
+                        ShapeMismatch: "input {i} ('{}') has {} values, expected N * C = {}",
+                        ctx.input_name(i),
+                        v.len(),
+                        n * c
+                    );
+                }
+                let mut out = try_vec(v.len(), 0f32, "InstanceNorm statistics")?;
+                out.copy_from_slice(v);
+                Ok(out)
+            };
+            (saved(4)?, saved(5)?)
+        } else {
+            instance_moments(x, shape, self.nhwc, self.eps)?
+        };
+        let mut dx = try_vec(x.len(), 0f32, "InstanceNormGradient dX")?;
+        let mut dscale = try_vec(c, 0f32, "InstanceNormGradient dscale")?;
+        let mut dbias = try_vec(c, 0f32, "InstanceNormGradient dbias")?;
+        let m = inner.max(1) as f32;
+        for img in 0..n {
+            for ch in 0..c {
+                let (mut ds, mut db) = (0f64, 0f64);
+                for s in 0..inner {
+                    let k = at(self.nhwc, c, inner, img, ch, s);
+                    ds += f64::from(dy[k]) * f64::from(x[k]);
+                    db += f64::from(dy[k]);
+                }
+                let (ds, db) = (ds as f32, db as f32);
+                let (mean, rstd) = (means[img * c + ch], invs[img * c + ch]);
+                // Sum of dY * x_hat over the plane.
+                let dxhat = (ds - mean * db) * rstd;
+                dscale[ch] += dxhat;
+                dbias[ch] += db;
+                let c1 = scale[ch] * rstd;
+                let c2 = -c1 * rstd * dxhat / m;
+                let c3 = -c2 * mean - c1 * db / m;
+                for s in 0..inner {
+                    let k = at(self.nhwc, c, inner, img, ch, s);
+                    dx[k] = c1 * dy[k] + c2 * x[k] + c3;
+                }
+            }
+        }
+        ctx.output(0)?.ensure::<f32>(&dims).copy_from_slice(&dx);
+        ctx.output(1)?.ensure::<f32>(&[c]).copy_from_slice(&dscale);
+        ctx.output(2)?.ensure::<f32>(&[c]).copy_from_slice(&dbias);
+        Ok(())
+    }
+}
+
+fn create_instance_norm_gradient(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+    Ok(Box::new(InstanceNormGradient {
         eps: init.args.float("epsilon", 1e-5)?,
         nhwc: nhwc(init)?,
     }))

@@ -1,19 +1,20 @@
-//! Sparse and segment ops: Gather, SparseLengths{Sum,Mean,WeightedSum}, Lengths{Sum,Mean,
-//! WeightedSum}, UnsortedSegmentSum, ScatterAssign, ScatterWeightedSum, SparseToDense, and the
-//! gradient ops the segment reductions emit (with the weights' gradient for `grad_on_weights`).
+//! Sparse and segment ops: Gather (and BatchGatherGradient), SparseLengths{Sum,Mean,
+//! WeightedSum}, Lengths{Sum,Mean,WeightedSum}, UnsortedSegment{Sum,Mean}, Unique,
+//! ScatterAssign, ScatterWeightedSum, SparseToDense, and the gradient ops the segment reductions emit (with the weights' gradient for `grad_on_weights`).
 //!
 //! Rows are the slices along the first dimension of DATA; indices may be int32 or int64.
 
 use crate::dispatch;
-use crate::error::Result;
+use crate::error::{try_vec, Result};
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
-use crate::tensor::Tensor;
+use crate::tensor::{DataType, Tensor};
 use crate::{bail, err};
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
     r.cpu("Gather", create_gather);
+    r.cpu("BatchGatherGradient", create_batch_gather_gradient);
     for (name, kind) in [
         ("SparseLengthsSum", Red::Sum),
         ("SparseLengthsMean", Red::Mean),
@@ -101,9 +102,16 @@ pub fn register(r: &mut Registry) {
     r.cpu("UnsortedSegmentSum", |i| {
         let num = i.args.int("num_segments", -1)?;
         Ok(Box::new(FnOp(move |c: &mut OpContext<'_>| {
-            unsorted_segment_sum(c, num)
+            unsorted_segment(c, num, false)
         })))
     });
+    r.cpu("UnsortedSegmentMean", |i| {
+        let num = i.args.int("num_segments", -1)?;
+        Ok(Box::new(FnOp(move |c: &mut OpContext<'_>| {
+            unsorted_segment(c, num, true)
+        })))
+    });
+    r.cpu("Unique", |_| Ok(Box::new(FnOp(unique))));
     r.cpu("UnsortedSegmentSumGradient", |_| {
         Ok(Box::new(FnOp(unsorted_segment_sum_grad)))
     });
@@ -173,6 +181,68 @@ fn create_gather(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
             }
             Ok(())
         })
+    })))
+}
+
+/// BatchGatherGradient (the gradient of Gather along `axis` > 0): inputs DATA, INDICES and
+/// GRAD (the gradient of Gather's output); output dDATA, DATA's shape, holding the sum of the
+/// GRAD blocks gathered from each position. `axis` defaults to 1, as in Caffe2.
+fn create_batch_gather_gradient(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+    let axis = init.args.int("axis", 1)?;
+    if init.args.bool("match_outer", false)? {
+        bail!(op = init, NotImplemented: "BatchGatherGradient with match_outer is not supported");
+    }
+    Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+        let (ins, mut outs) = ctx.split();
+        let data = ins.tensor(0)?;
+        let idx_t = ins.tensor(1)?;
+        let grad = ins.tensor(2)?;
+        let d = data.dims().to_vec();
+        if d.len() < 2 {
+            bail!(ShapeMismatch: "DATA should be at least 2-D, got shape {d:?}");
+        }
+        let nd = d.len() as i64;
+        let ax = if axis < 0 { axis + nd } else { axis };
+        if ax < 0 || ax >= nd {
+            bail!(BadArgument: "axis {axis} out of range for DATA of shape {d:?}");
+        }
+        let ax = ax as usize;
+        let mut gd = d[..ax].to_vec();
+        gd.extend_from_slice(idx_t.dims());
+        gd.extend_from_slice(&d[ax + 1..]);
+        if grad.dims() != gd.as_slice() {
+            bail!(
+                ShapeMismatch: "GRAD has shape {:?}, expected {gd:?} (DATA {d:?} gathered along \
+                 axis {ax} by INDICES {:?})",
+                grad.dims(),
+                idx_t.dims()
+            );
+        }
+        if data.dtype() != DataType::Float || grad.dtype() != DataType::Float {
+            bail!(
+                DtypeMismatch: "BatchGatherGradient takes float DATA and GRAD, got {:?} and {:?}",
+                data.dtype(),
+                grad.dtype()
+            );
+        }
+        let idx = indices(idx_t, d[ax])?;
+        let outer: usize = d[..ax].iter().product();
+        let inner: usize = d[ax + 1..].iter().product();
+        let g = grad.as_slice::<f32>()?;
+        let out = outs.tensor(0)?.ensure::<f32>(&d);
+        out.fill(0.0);
+        let mut k = 0;
+        for o in 0..outer {
+            for &i in &idx {
+                let dst = (o * d[ax] + i) * inner;
+                out[dst..dst + inner]
+                    .iter_mut()
+                    .zip(&g[k..k + inner])
+                    .for_each(|(a, b)| *a += b);
+                k += inner;
+            }
+        }
+        Ok(())
     })))
 }
 
@@ -356,7 +426,10 @@ fn weighted_grad_with_main_input(ctx: &mut OpContext<'_>) -> Result<()> {
     Ok(())
 }
 
-fn unsorted_segment_sum(ctx: &mut OpContext<'_>, num: i64) -> Result<()> {
+/// UnsortedSegmentSum / UnsortedSegmentMean: row r of DATA goes to segment SEGMENT_IDS[r];
+/// `num_segments` segments (default: the largest id + 1). A mean divides each segment by its
+/// row count; segments without rows are zero.
+fn unsorted_segment(ctx: &mut OpContext<'_>, num: i64, mean: bool) -> Result<()> {
     let (ins, mut outs) = ctx.split();
     let data = ins.tensor(0)?;
     let (n_rows, block) = rows(data)?;
@@ -370,11 +443,12 @@ fn unsorted_segment_sum(ctx: &mut OpContext<'_>, num: i64) -> Result<()> {
         ids.iter()
             .copied()
             .max()
-            .map_or(0, |m| (m + 1).max(0) as usize)
+            .map_or(0, |m| usize::try_from(m.saturating_add(1)).unwrap_or(0))
     };
     let src = data.as_slice::<f32>()?;
     let mut od = data.dims().to_vec();
     od[0] = n_seg;
+    let mut counts = try_vec(if mean { n_seg } else { 0 }, 0u64, "segment counts")?;
     let y = outs.tensor(0)?.ensure::<f32>(&od);
     y.fill(0.0);
     for (r, &s) in ids.iter().enumerate() {
@@ -388,6 +462,67 @@ fn unsorted_segment_sum(ctx: &mut OpContext<'_>, num: i64) -> Result<()> {
         {
             *o += v;
         }
+        if let Some(c) = counts.get_mut(s) {
+            *c += 1;
+        }
+    }
+    for (s, &c) in counts.iter().enumerate() {
+        if c > 0 {
+            let inv = 1.0 / c as f32;
+            y[s * block..(s + 1) * block]
+                .iter_mut()
+                .for_each(|v| *v *= inv);
+        }
+    }
+    Ok(())
+}
+
+/// Unique: the distinct values of a 1-d int32/int64 tensor, ascending, and optionally (second
+/// output) the int32 position of each input value among them.
+fn unique(ctx: &mut OpContext<'_>) -> Result<()> {
+    let want_map = ctx.num_outputs() > 1;
+    let (ins, mut outs) = ctx.split();
+    let x = ins.tensor(0)?;
+    if x.dims().len() != 1 {
+        bail!(ShapeMismatch: "Input should be a vector, got shape {:?}", x.dims());
+    }
+    let dtype = x.dtype();
+    if dtype != DataType::Int32 && dtype != DataType::Int64 {
+        bail!(DtypeMismatch: "Unique takes int32 or int64 input, got {dtype:?}");
+    }
+    let vals = x.to_i64_vec()?;
+    let n = vals.len();
+    if i32::try_from(n).is_err() {
+        bail!(BadArgument: "Unique input of {n} values is too long for int32 remapping");
+    }
+    let mut order = try_vec(n, 0usize, "Unique order")?;
+    order.iter_mut().enumerate().for_each(|(i, o)| *o = i);
+    order.sort_by_key(|&i| vals[i]);
+    let mut uniq = try_vec(n, 0i64, "Unique values")?;
+    let mut k = 0usize;
+    let mut map = try_vec(if want_map { n } else { 0 }, 0i32, "Unique remapping")?;
+    for &i in &order {
+        if k == 0 || uniq[k - 1] != vals[i] {
+            uniq[k] = vals[i];
+            k += 1;
+        }
+        if let Some(m) = map.get_mut(i) {
+            // 1 <= k <= n <= i32::MAX.
+            *m = (k - 1) as i32;
+        }
+    }
+    uniq.truncate(k);
+    if dtype == DataType::Int32 {
+        let out = outs.tensor(0)?.ensure::<i32>(&[k]);
+        for (o, &v) in out.iter_mut().zip(&uniq) {
+            // Every value came from the int32 input.
+            *o = v as i32;
+        }
+    } else {
+        outs.tensor(0)?.ensure::<i64>(&[k]).copy_from_slice(&uniq);
+    }
+    if want_map {
+        outs.tensor(1)?.ensure::<i32>(&[n]).copy_from_slice(&map);
     }
     Ok(())
 }
@@ -519,6 +654,55 @@ mod tests {
 
     fn f32s(ws: &Workspace, name: &str) -> Vec<f32> {
         ws.fetch(name).unwrap().as_slice::<f32>().unwrap().to_vec()
+    }
+
+    #[test]
+    fn unique_sorts_and_remaps() {
+        let ws = Workspace::new();
+        ws.feed(
+            "X",
+            Tensor::from_vec(&[6], vec![5i64, -2, 5, 7, -2, 0]).unwrap(),
+        );
+        ws.run_operator_once(&OperatorDef::new("Unique", ["X"], ["U", "R"]))
+            .unwrap();
+        let u = ws.fetch("U").unwrap();
+        assert_eq!(u.as_slice::<i64>().unwrap(), &[-2, 0, 5, 7]);
+        let r = ws.fetch("R").unwrap();
+        assert_eq!(r.as_slice::<i32>().unwrap(), &[2, 0, 2, 3, 0, 1]);
+        ws.feed("Y", Tensor::from_vec(&[2, 1], vec![1i32, 1]).unwrap());
+        let err = ws
+            .run_operator_once(&OperatorDef::new("Unique", ["Y"], ["V"]))
+            .unwrap_err();
+        assert_eq!(err.kind(), crate::error::ErrorKind::ShapeMismatch);
+    }
+
+    #[test]
+    fn unsorted_segment_mean_divides_by_counts() {
+        let ws = Workspace::new();
+        ws.feed(
+            "D",
+            Tensor::from_vec(&[3, 2], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap(),
+        );
+        ws.feed("S", Tensor::from_vec(&[3], vec![2i32, 0, 2]).unwrap());
+        let op = OperatorDef::new("UnsortedSegmentMean", ["D", "S"], ["Y"]);
+        ws.run_operator_once(&op).unwrap();
+        // Segment 1 has no rows: zero.
+        assert_eq!(f32s(&ws, "Y"), vec![3.0, 4.0, 0.0, 0.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn batch_gather_gradient_adds_repeated_indices() {
+        let ws = Workspace::new();
+        ws.feed("D", Tensor::from_vec(&[2, 3], vec![0f32; 6]).unwrap());
+        ws.feed("I", Tensor::from_vec(&[3], vec![2i32, 0, 2]).unwrap());
+        let g = vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        ws.feed("G", Tensor::from_vec(&[2, 3], g).unwrap());
+        let op = OperatorDef::new("BatchGatherGradient", ["D", "I", "G"], ["dD"]);
+        ws.run_operator_once(&op).unwrap();
+        assert_eq!(f32s(&ws, "dD"), vec![2.0, 0.0, 4.0, 5.0, 0.0, 10.0]);
+        ws.feed("G", Tensor::from_vec(&[2, 2], vec![0f32; 4]).unwrap());
+        let err = ws.run_operator_once(&op).unwrap_err();
+        assert_eq!(err.kind(), crate::error::ErrorKind::ShapeMismatch);
     }
 
     fn op() -> OperatorDef {

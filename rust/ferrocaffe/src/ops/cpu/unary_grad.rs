@@ -1,11 +1,12 @@
 //! Gradient kernels of the float unary math ops (Sin, Cos, Tan, Acos, Asin, Atan, Cbrt,
-//! Reciprocal, RSqrt), plus Caffe2's spelling `RSqrt` of the forward op (`Rsqrt` lives in
+//! Reciprocal, RSqrt, Cube, Log1p), plus Caffe2's spelling `RSqrt` of the forward op (`Rsqrt` lives in
 //! [`super::math`]).
 //!
 //! Input order follows the gradient makers of Caffe2, which differ per op:
-//! - `(X, dY)`: SinGradient, CosGradient, TanGradient, AcosGradient, AsinGradient, AtanGradient
-//!   (the derivative is a function of the forward input);
+//! - `(X, dY)`: SinGradient, CosGradient, TanGradient, AcosGradient, AsinGradient, AtanGradient,
+//!   Log1pGradient (the derivative is a function of the forward input);
 //! - `(dY, Y)`: CbrtGradient, RSqrtGradient (also registered as `RsqrtGradient`);
+//! - `(dY, X)`: CubeGradient;
 //! - `(Y, dY)`: ReciprocalGradient.
 //!
 //! Both inputs must have the same shape; the output `dX` gets it. Float only.
@@ -47,6 +48,8 @@ pub fn register(r: &mut Registry) {
         "RSqrtGradient", Order::GradFirst => |y, g| -0.5 * g * y * y * y,
         "RsqrtGradient", Order::GradFirst => |y, g| -0.5 * g * y * y * y,
         "ReciprocalGradient", Order::ValueFirst => |y, g| -g * y * y,
+        "Log1pGradient", Order::ValueFirst => |x, g| g / (1.0 + x),
+        "CubeGradient", Order::GradFirst => |x, g| 3.0 * g * x * x,
     );
     r.cpu("RSqrt", |_| {
         Ok(Box::new(FnOp(|ctx: &mut OpContext<'_>| {
@@ -96,6 +99,14 @@ mod tests {
         for (x, y) in a.iter().zip(b) {
             assert!((*x as f64 - y).abs() < 1e-5, "{a:?} vs {b:?}");
         }
+    }
+
+    #[test]
+    fn cube_takes_dy_then_x_and_log1p_x_then_dy() {
+        let (x, g) = ([0.5f32, -2.0], [2.0f32, 3.0]);
+        // CubeGradient(dY, X) = 3 X^2 dY; Log1pGradient(X, dY) = dY / (1 + X).
+        close(&run("CubeGradient", &g, &x), &[1.5, 36.0]);
+        close(&run("Log1pGradient", &x, &g), &[2.0 / 1.5, -3.0]);
     }
 
     #[test]
