@@ -30,6 +30,14 @@ def roundtrip(kind: str, data: bytes) -> bytes:
 def message_names() -> list[str]:
     """Full names of every message in caffe2.proto, in schema order."""
 
+class InternalError(RuntimeError):
+    """A bug in the engine (a Rust panic) caught at the boundary: the message names the entry
+    point (``"Workspace.run_net: internal error (panic): ..."``). Every entry point that calls
+    into the engine raises it instead of letting the panic through as pyo3's
+    ``PanicException`` (a ``BaseException``, which ``except Exception`` would miss). Starting
+    the process with ``FERROCAFFE_TEST_PANIC=<entry point>`` (or ``<entry point>/detached``,
+    with the GIL released) makes that entry point panic, for tests."""
+
 class IllegalGraphTransformError(ValueError):
     """A graph edit that would change what other ops read (see ``ferrocaffe.graph``)."""
 

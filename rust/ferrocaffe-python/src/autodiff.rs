@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict, PyList, PySet, PyString, PyTuple, PyType};
 
-use crate::errors::IntoPy;
+use crate::errors::{detach_guarded, guard, guard_ok, IntoPy};
 
 /// A gradient from Python: `None`, a name, or an `(indices, values)` pair.
 fn grad_from_py(obj: &Bound<'_, PyAny>) -> PyResult<GradRef> {
@@ -255,13 +255,14 @@ enum Forward {
 /// Runs a backward pass with the GIL released.
 fn run_backward(
     py: Python<'_>,
+    what: &str,
     forward: Forward,
     ys: Vec<(String, GradRef)>,
     mut s: Setup,
     with_state: bool,
     with_outputs: bool,
 ) -> PyResult<BackwardResult> {
-    let result: ferrocaffe::Result<BackwardResult> = py.detach(|| {
+    let result = detach_guarded(py, what, || -> ferrocaffe::Result<BackwardResult> {
         let mut cx = GradientContext {
             registry: &s.registry,
             net_names: s.names.as_mut(),
@@ -422,26 +423,35 @@ fn backward_pass<'py>(
     slice_type: Option<Bound<'py, PyAny>>,
     blob_ref: Option<Bound<'py, PyType>>,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>, Bound<'py, PyAny>)> {
-    let ys = ys_from_py(&ys)?;
-    let s = setup(
-        py,
-        functions,
-        adapter,
-        next_net_name,
-        name_scope,
-        device_scope,
-    )?;
-    let (bytes, grad_map, state, _) =
-        run_backward(py, Forward::Ops(ops), ys, s, with_state, false)?;
-    let state = match state {
-        Some(st) => state_to_py(py, st)?,
-        None => py.None().into_bound(py),
-    };
-    Ok((
-        PyBytes::new(py, &bytes),
-        grad_map_to_py(py, &grad_map, slice_type.as_ref(), blob_ref.as_ref())?,
-        state,
-    ))
+    guard("backward_pass", || {
+        let ys = ys_from_py(&ys)?;
+        let s = setup(
+            py,
+            functions,
+            adapter,
+            next_net_name,
+            name_scope,
+            device_scope,
+        )?;
+        let (bytes, grad_map, state, _) = run_backward(
+            py,
+            "backward_pass",
+            Forward::Ops(ops),
+            ys,
+            s,
+            with_state,
+            false,
+        )?;
+        let state = match state {
+            Some(st) => state_to_py(py, st)?,
+            None => py.None().into_bound(py),
+        };
+        Ok((
+            PyBytes::new(py, &bytes),
+            grad_map_to_py(py, &grad_map, slice_type.as_ref(), blob_ref.as_ref())?,
+            state,
+        ))
+    })
 }
 
 /// The backward pass of the ops of a serialized NetDef from `skip` on: `(serialized NetDef
@@ -472,48 +482,57 @@ fn backward_pass_net<'py>(
     outputs: Option<Bound<'py, PyAny>>,
     lazy: bool,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyAny>)> {
-    let ys = ys_from_py(&ys)?;
-    let s = setup(
-        py,
-        functions,
-        adapter,
-        next_net_name,
-        name_scope,
-        device_scope,
-    )?;
-    let with_outputs = outputs.is_some();
-    let (bytes, grad_map, _, names) =
-        run_backward(py, Forward::Net(net, skip), ys, s, false, with_outputs)?;
-    if let (Some(target), Some(names)) = (&outputs, &names) {
-        if let Ok(set) = target.cast::<PySet>() {
-            for name in names.iter() {
-                set.add(PyString::new(py, name))?;
+    guard("backward_pass_net", || {
+        let ys = ys_from_py(&ys)?;
+        let s = setup(
+            py,
+            functions,
+            adapter,
+            next_net_name,
+            name_scope,
+            device_scope,
+        )?;
+        let with_outputs = outputs.is_some();
+        let (bytes, grad_map, _, names) = run_backward(
+            py,
+            "backward_pass_net",
+            Forward::Net(net, skip),
+            ys,
+            s,
+            false,
+            with_outputs,
+        )?;
+        if let (Some(target), Some(names)) = (&outputs, &names) {
+            if let Ok(set) = target.cast::<PySet>() {
+                for name in names.iter() {
+                    set.add(PyString::new(py, name))?;
+                }
+            } else if let Ok(list) = target.cast::<PyList>() {
+                let ends: Vec<u8> = names
+                    .ends
+                    .iter()
+                    .flat_map(|&e| (e as u64).to_le_bytes())
+                    .collect();
+                list.append((PyString::new(py, &names.text), PyBytes::new(py, &ends)))?;
+            } else {
+                return Err(PyTypeError::new_err(format!(
+                    "outputs must be a set or a list, not {}",
+                    target.get_type().name()?
+                )));
             }
-        } else if let Ok(list) = target.cast::<PyList>() {
-            let ends: Vec<u8> = names
-                .ends
-                .iter()
-                .flat_map(|&e| (e as u64).to_le_bytes())
-                .collect();
-            list.append((PyString::new(py, &names.text), PyBytes::new(py, &ends)))?;
-        } else {
-            return Err(PyTypeError::new_err(format!(
-                "outputs must be a set or a list, not {}",
-                target.get_type().name()?
-            )));
         }
-    }
-    let map = if lazy {
-        let held = GradientMap {
-            map: grad_map,
-            slice_type: slice_type.map(Bound::unbind),
-            blob_ref: blob_ref.map(Bound::unbind),
+        let map = if lazy {
+            let held = GradientMap {
+                map: grad_map,
+                slice_type: slice_type.map(Bound::unbind),
+                blob_ref: blob_ref.map(Bound::unbind),
+            };
+            Bound::new(py, held)?.into_any()
+        } else {
+            grad_map_to_py(py, &grad_map, slice_type.as_ref(), blob_ref.as_ref())?.into_any()
         };
-        Bound::new(py, held)?.into_any()
-    } else {
-        grad_map_to_py(py, &grad_map, slice_type.as_ref(), blob_ref.as_ref())?.into_any()
-    };
-    Ok((PyBytes::new(py, &bytes), map))
+        Ok((PyBytes::new(py, &bytes), map))
+    })
 }
 
 /// The gradient of one serialized operator: `(serialized NetDef of the gradient ops, input
@@ -532,30 +551,36 @@ fn gradient_for_op<'py>(
     name_scope: String,
     device_scope: Option<PyBackedBytes>,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyList>)> {
-    let g_output = g_output
-        .iter()
-        .map(grad_from_py)
-        .collect::<PyResult<Vec<_>>>()?;
-    let mut s = setup(
-        py,
-        functions,
-        adapter,
-        next_net_name,
-        name_scope,
-        device_scope,
-    )?;
-    let result: ferrocaffe::Result<(Vec<u8>, Vec<GradRef>)> = py.detach(|| {
-        let op = proto::decode::<OperatorDef>(&op)?;
-        let mut cx = GradientContext {
-            registry: &s.registry,
-            net_names: s.names.as_mut(),
-            options: &s.options,
-        };
-        let out = core_gradient_for_op(&op, &g_output, &mut cx)?;
-        Ok((net_bytes(out.ops), out.input_grads))
-    });
-    let (bytes, g_input) = result.py()?;
-    Ok((PyBytes::new(py, &bytes), grads_to_py(py, &g_input)?))
+    guard("gradient_for_op", || {
+        let g_output = g_output
+            .iter()
+            .map(grad_from_py)
+            .collect::<PyResult<Vec<_>>>()?;
+        let mut s = setup(
+            py,
+            functions,
+            adapter,
+            next_net_name,
+            name_scope,
+            device_scope,
+        )?;
+        let result = detach_guarded(
+            py,
+            "gradient_for_op",
+            || -> ferrocaffe::Result<(Vec<u8>, Vec<GradRef>)> {
+                let op = proto::decode::<OperatorDef>(&op)?;
+                let mut cx = GradientContext {
+                    registry: &s.registry,
+                    net_names: s.names.as_mut(),
+                    options: &s.options,
+                };
+                let out = core_gradient_for_op(&op, &g_output, &mut cx)?;
+                Ok((net_bytes(out.ops), out.input_grads))
+            },
+        );
+        let (bytes, g_input) = result.py()?;
+        Ok((PyBytes::new(py, &bytes), grads_to_py(py, &g_input)?))
+    })
 }
 
 /// The best time in seconds, over `repeat` runs, of the Rust side alone of
@@ -571,26 +596,32 @@ fn time_backward_pass_net(
     ys: Vec<String>,
     repeat: usize,
 ) -> PyResult<f64> {
-    let ys: Vec<(String, GradRef)> = ys.into_iter().map(|y| (y, GradRef::None)).collect();
-    let registry = Registry::layered(Registry::builtin());
-    let options = BackwardOptions::default();
-    let best: ferrocaffe::Result<f64> = py.detach(|| {
-        let mut best = f64::INFINITY;
-        for _ in 0..repeat.max(1) {
-            let mut names = UsedNetNames::new();
-            let mut cx = GradientContext {
-                registry: &registry,
-                net_names: &mut names,
-                options: &options,
-            };
-            let t = std::time::Instant::now();
-            let out = backward_pass_net_bytes(&net, skip, &ys, &mut cx, Extras::default())?;
-            best = best.min(t.elapsed().as_secs_f64());
-            drop(std::hint::black_box(out));
-        }
-        Ok(best)
-    });
-    best.py()
+    guard("time_backward_pass_net", || {
+        let ys: Vec<(String, GradRef)> = ys.into_iter().map(|y| (y, GradRef::None)).collect();
+        let registry = Registry::layered(Registry::builtin());
+        let options = BackwardOptions::default();
+        let best = detach_guarded(
+            py,
+            "time_backward_pass_net",
+            || -> ferrocaffe::Result<f64> {
+                let mut best = f64::INFINITY;
+                for _ in 0..repeat.max(1) {
+                    let mut names = UsedNetNames::new();
+                    let mut cx = GradientContext {
+                        registry: &registry,
+                        net_names: &mut names,
+                        options: &options,
+                    };
+                    let t = std::time::Instant::now();
+                    let out = backward_pass_net_bytes(&net, skip, &ys, &mut cx, Extras::default())?;
+                    best = best.min(t.elapsed().as_secs_f64());
+                    drop(std::hint::black_box(out));
+                }
+                Ok(best)
+            },
+        );
+        best.py()
+    })
 }
 
 /// Adds to `set` the names of a `(names, ends)` pair that `backward_pass_net` appended to its
@@ -598,22 +629,24 @@ fn time_backward_pass_net(
 /// (unsigned 64-bit little-endian integers).
 #[pyfunction]
 fn add_names(set: &Bound<'_, PySet>, names: &str, ends: &[u8]) -> PyResult<()> {
-    if !ends.len().is_multiple_of(8) {
-        return Err(PyTypeError::new_err("ends must hold 8-byte offsets"));
-    }
-    let py = set.py();
-    let mut start = 0usize;
-    for chunk in ends.chunks_exact(8) {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(chunk);
-        let end = usize::try_from(u64::from_le_bytes(b)).unwrap_or(usize::MAX);
-        let name = names.get(start..end).ok_or_else(|| {
-            PyTypeError::new_err(format!("name end {end} is not within the names"))
-        })?;
-        set.add(PyString::new(py, name))?;
-        start = end;
-    }
-    Ok(())
+    guard("add_names", || {
+        if !ends.len().is_multiple_of(8) {
+            return Err(PyTypeError::new_err("ends must hold 8-byte offsets"));
+        }
+        let py = set.py();
+        let mut start = 0usize;
+        for chunk in ends.chunks_exact(8) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(chunk);
+            let end = usize::try_from(u64::from_le_bytes(b)).unwrap_or(usize::MAX);
+            let name = names.get(start..end).ok_or_else(|| {
+                PyTypeError::new_err(format!("name end {end} is not within the names"))
+            })?;
+            set.add(PyString::new(py, name))?;
+            start = end;
+        }
+        Ok(())
+    })
 }
 
 /// The IR state after playing serialized forward ops; with `check`, an orphan `StopGradient`
@@ -625,15 +658,17 @@ fn ir_state<'py>(
     ops: Vec<PyBackedBytes>,
     check: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let state: ferrocaffe::Result<IrState> = py.detach(|| {
-        let ops = decode_ops(&ops)?;
-        let ir = Ir::unchecked(&ops);
-        if check {
-            ir.sanity_check()?;
-        }
-        Ok(ir.state())
-    });
-    state_to_py(py, state.py()?)
+    guard("ir_state", || {
+        let state = detach_guarded(py, "ir_state", || -> ferrocaffe::Result<IrState> {
+            let ops = decode_ops(&ops)?;
+            let ir = Ir::unchecked(&ops);
+            if check {
+                ir.sanity_check()?;
+            }
+            Ok(ir.state())
+        });
+        state_to_py(py, state.py()?)
+    })
 }
 
 /// A gradient map held natively, converted to a dict on demand by the same code as
@@ -651,8 +686,8 @@ struct GradientMap {
 impl GradientMap {
     /// `entries`: `(blob, dense gradient)` name pairs.
     #[new]
-    fn new(entries: Vec<(String, String)>) -> Self {
-        GradientMap {
+    fn new(entries: Vec<(String, String)>) -> PyResult<Self> {
+        guard_ok("GradientMap", || GradientMap {
             map: GradMap::from_entries(
                 entries
                     .into_iter()
@@ -661,20 +696,22 @@ impl GradientMap {
             ),
             slice_type: None,
             blob_ref: None,
-        }
+        })
     }
 
-    fn __len__(&self) -> usize {
-        self.map.len()
+    fn __len__(&self) -> PyResult<usize> {
+        guard_ok("GradientMap.__len__", || self.map.len())
     }
 
     /// Sets the entries in the dict `d` (a dict subclass's own methods are not called), as
     /// `backward_pass_net` would have returned them.
     fn fill(&self, d: &Bound<'_, PyDict>) -> PyResult<()> {
-        let py = d.py();
-        let slice_type = self.slice_type.as_ref().map(|t| t.bind(py).clone());
-        let blob_ref = self.blob_ref.as_ref().map(|t| t.bind(py).clone());
-        fill_dict(d, &self.map, slice_type.as_ref(), blob_ref.as_ref())
+        guard("GradientMap.fill", || {
+            let py = d.py();
+            let slice_type = self.slice_type.as_ref().map(|t| t.bind(py).clone());
+            let blob_ref = self.blob_ref.as_ref().map(|t| t.bind(py).clone());
+            fill_dict(d, &self.map, slice_type.as_ref(), blob_ref.as_ref())
+        })
     }
 
     /// The dict `backward_pass_net` would return for this map.
@@ -685,7 +722,9 @@ impl GradientMap {
         slice_type: Option<Bound<'py, PyAny>>,
         blob_ref: Option<Bound<'py, PyType>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        grad_map_to_py(py, &self.map, slice_type.as_ref(), blob_ref.as_ref())
+        guard("GradientMap.to_dict", || {
+            grad_map_to_py(py, &self.map, slice_type.as_ref(), blob_ref.as_ref())
+        })
     }
 }
 

@@ -2,30 +2,36 @@
 
 use pyo3::prelude::*;
 
-use crate::errors::IntoPy;
+use crate::errors::{detach_guarded, guard, guard_ok, IntoPy};
 
 /// Loads a CBLAS shared library (`cblas_sgemm` or `scipy_cblas_sgemm`) for every GEMM.
 #[pyfunction]
 fn blas_load(py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
-    py.detach(|| ferrocaffe::blas::load_cblas(&path)).py()
+    guard("blas_load", || {
+        detach_guarded(py, "blas_load", || ferrocaffe::blas::load_cblas(&path)).py()
+    })
 }
 
 /// Turns the loaded CBLAS library on or off (the `gemm` crate runs when off).
 #[pyfunction]
-fn blas_set_enabled(enabled: bool) {
-    ferrocaffe::blas::set_cblas_enabled(enabled);
+fn blas_set_enabled(enabled: bool) -> PyResult<()> {
+    guard_ok("blas_set_enabled", || {
+        ferrocaffe::blas::set_cblas_enabled(enabled);
+    })
 }
 
 /// Turns the small-dimension AVX-512 kernels on or off.
 #[pyfunction]
-fn blas_set_small_kernels(enabled: bool) {
-    ferrocaffe::blas::set_small_kernels_enabled(enabled);
+fn blas_set_small_kernels(enabled: bool) -> PyResult<()> {
+    guard_ok("blas_set_small_kernels", || {
+        ferrocaffe::blas::set_small_kernels_enabled(enabled);
+    })
 }
 
 /// `"cblas:<path>"` or `"gemm"`.
 #[pyfunction]
-fn blas_backend() -> String {
-    ferrocaffe::blas::backend()
+fn blas_backend() -> PyResult<String> {
+    guard_ok("blas_backend", ferrocaffe::blas::backend)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

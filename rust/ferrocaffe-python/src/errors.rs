@@ -35,6 +35,9 @@ pyo3::create_exception!(
 /// | `Type` | `TypeError` |
 /// | `GradientMaker` | `Exception` |
 /// | `External` | `RuntimeError`, caused by the callback's exception |
+///
+/// A panic (a bug) caught by [`guard`] or [`detach_guarded`] is an [`InternalError`], a
+/// `RuntimeError` naming the entry point.
 pub fn to_py(err: ferrocaffe::Error) -> PyErr {
     use ferrocaffe::Error as E;
     let msg = err.to_string();
@@ -71,32 +74,66 @@ pub fn to_py(err: ferrocaffe::Error) -> PyErr {
     }
 }
 
-/// A panic caught at the boundary (a bug, never user input): a RuntimeError saying so.
-pub fn panic_to_py(payload: Box<dyn std::any::Any + Send>) -> PyErr {
-    let what = payload
+pyo3::create_exception!(
+    _native,
+    InternalError,
+    PyRuntimeError,
+    "A bug in the engine (a Rust panic) caught at the boundary: a RuntimeError naming the \
+     entry point, never pyo3's PanicException (a BaseException that `except Exception` misses)."
+);
+
+/// The text of a panic's payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into());
-    PyRuntimeError::new_err(format!("internal error (panic): {what}"))
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
-/// Runs `f` with the GIL released and any panic caught: a panic becomes a Python
-/// `RuntimeError` naming `what` (the entry point), never a `PanicException`, which
-/// `except Exception` would miss.
+/// A panic caught at entry point `what` (a bug, never user input): an [`InternalError`] (a
+/// `RuntimeError`) saying so. Needs no GIL (the exception is made when raised).
+pub fn panic_to_py(what: &str, payload: Box<dyn std::any::Any + Send>) -> PyErr {
+    InternalError::new_err(format!(
+        "{what}: internal error (panic): {}",
+        panic_message(payload.as_ref())
+    ))
+}
+
+/// Runs the body of entry point `what` (its Python name, e.g. `"Workspace.run_net"`) with
+/// any panic caught: a panic becomes an [`InternalError`] naming `what`. Every entry point of
+/// the module that calls into the engine runs in one; `FERROCAFFE_TEST_PANIC=<what>` makes it
+/// panic (see `ferrocaffe::error::panic_hook_for_tests`).
+pub fn guard<T>(what: &str, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        ferrocaffe::error::panic_hook_for_tests(what);
+        f()
+    }))
+    .unwrap_or_else(|p| Err(panic_to_py(what, p)))
+}
+
+/// [`guard`] for a body that cannot fail but for a panic.
+pub fn guard_ok<T>(what: &str, f: impl FnOnce() -> T) -> PyResult<T> {
+    guard(what, || Ok(f()))
+}
+
+/// Runs `f` with the GIL released and any panic caught: a panic becomes an [`InternalError`]
+/// naming `what` (the entry point), never a `PanicException`, which `except Exception` would
+/// miss. `FERROCAFFE_TEST_PANIC=<what>/detached` makes it panic with the GIL released.
 pub fn detach_guarded<T: Send>(
     py: Python<'_>,
     what: &str,
     f: impl FnOnce() -> T + Send,
 ) -> PyResult<T> {
-    py.detach(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)))
-        .map_err(|p| {
-            let e = panic_to_py(p);
-            PyRuntimeError::new_err(format!(
-                "{what}: {}",
-                Python::attach(|py| e.value(py).to_string())
-            ))
-        })
+    py.detach(|| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if ferrocaffe::error::test_panics_enabled() {
+                ferrocaffe::error::panic_hook_for_tests(&format!("{what}/detached"));
+            }
+            f()
+        }))
+    })
+    .map_err(|p| panic_to_py(what, p))
 }
 
 /// Extension trait: `result.py()?` converts a core `Result` into a `PyResult`.
@@ -119,6 +156,7 @@ impl<T> IntoPy<T> for PyResult<ferrocaffe::Result<T>> {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DecodeError", m.py().get_type::<DecodeError>())?;
+    m.add("InternalError", m.py().get_type::<InternalError>())?;
     m.add(
         "IllegalGraphTransformError",
         m.py().get_type::<IllegalGraphTransformError>(),

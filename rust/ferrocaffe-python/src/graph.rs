@@ -7,7 +7,7 @@ use ferrocaffe::graph::{Graph, Ssa, ValueId, Version};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-use crate::errors::{detach_guarded, IntoPy};
+use crate::errors::{detach_guarded, guard, IntoPy};
 
 /// Caches one Python string per blob and one `(name, version)` tuple per value, so that a
 /// name or versioned blob that occurs many times is one shared (immutable) object.
@@ -376,15 +376,17 @@ fn ssa_get_ssa<'py>(
     net: &[u8],
     start: Option<Vec<(String, Version)>>,
 ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyDict>)> {
-    let start = start.unwrap_or_default();
-    let ssa = detach_guarded(py, "ssa_get_ssa", || {
-        Ssa::from_bytes(net, start.iter().map(|(n, v)| (n.as_str(), *v)))
+    guard("ssa_get_ssa", || {
+        let start = start.unwrap_or_default();
+        let ssa = detach_guarded(py, "ssa_get_ssa", || {
+            Ssa::from_bytes(net, start.iter().map(|(n, v)| (n.as_str(), *v)))
+        })
+        .py()?;
+        let mut objs = SsaObjects::new(py, &ssa);
+        let ops = objs.ops()?;
+        let versions = objs.versions()?;
+        Ok((ops, versions))
     })
-    .py()?;
-    let mut objs = SsaObjects::new(py, &ssa);
-    let ops = objs.ops()?;
-    let versions = objs.versions()?;
-    Ok((ops, versions))
 }
 
 /// `core.get_op_ids_in_path(ssa, ...)` with the versions of `inputs` and `outputs` resolved.
@@ -395,43 +397,50 @@ fn ssa_get_op_ids_in_path(
     inputs: Vec<(String, Version)>,
     outputs: Vec<(String, Version)>,
 ) -> PyResult<Vec<usize>> {
-    let ssa = ssa_from_py(ssa)?;
-    detach_guarded(py, "ssa_get_op_ids_in_path", || {
-        let ins: Vec<(&str, Version)> = inputs.iter().map(|(n, v)| (n.as_str(), *v)).collect();
-        let outs: Vec<(&str, Version)> = outputs.iter().map(|(n, v)| (n.as_str(), *v)).collect();
-        ssa.op_ids_in_path(&ins, &outs)
+    guard("ssa_get_op_ids_in_path", || {
+        let ssa = ssa_from_py(ssa)?;
+        detach_guarded(py, "ssa_get_op_ids_in_path", || {
+            let ins: Vec<(&str, Version)> = inputs.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+            let outs: Vec<(&str, Version)> =
+                outputs.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+            ssa.op_ids_in_path(&ins, &outs)
+        })
     })
 }
 
 /// `{(name, version): (op, output_index)}` over the ops of `net`.
 #[pyfunction]
 fn graph_producer_map<'py>(py: Python<'py>, net: &[u8]) -> PyResult<Bound<'py, PyDict>> {
-    let (graph, map) = detach_guarded(py, "graph_producer_map", || {
-        Graph::from_bytes(net).map(|g| {
-            let map = g.producer_map_by_value();
-            (g, map)
+    guard("graph_producer_map", || {
+        let (graph, map) = detach_guarded(py, "graph_producer_map", || {
+            Graph::from_bytes(net).map(|g| {
+                let map = g.producer_map_by_value();
+                (g, map)
+            })
         })
+        .py()?;
+        let out = PyDict::new(py);
+        let mut objs = Objects::new(py, graph.ssa());
+        for (v, p) in map {
+            out.set_item(objs.value(v)?, (p.op, p.index))?;
+        }
+        Ok(out)
     })
-    .py()?;
-    let out = PyDict::new(py);
-    let mut objs = Objects::new(py, graph.ssa());
-    for (v, p) in map {
-        out.set_item(objs.value(v)?, (p.op, p.index))?;
-    }
-    Ok(out)
 }
 
 /// `{(name, version): [(op, input_index), ...]}` over the ops of `net`.
 #[pyfunction]
 fn graph_consumer_map<'py>(py: Python<'py>, net: &[u8]) -> PyResult<Bound<'py, PyDict>> {
-    let graph = detach_guarded(py, "graph_consumer_map", || Graph::from_bytes(net)).py()?;
-    let out = PyDict::new(py);
-    let mut objs = Objects::new(py, graph.ssa());
-    for (v, consumers) in graph.consumer_map_by_value() {
-        let list = PyList::new(py, consumers.iter().map(|c| (c.op, c.index)))?;
-        out.set_item(objs.value(v)?, list)?;
-    }
-    Ok(out)
+    guard("graph_consumer_map", || {
+        let graph = detach_guarded(py, "graph_consumer_map", || Graph::from_bytes(net)).py()?;
+        let out = PyDict::new(py);
+        let mut objs = Objects::new(py, graph.ssa());
+        for (v, consumers) in graph.consumer_map_by_value() {
+            let list = PyList::new(py, consumers.iter().map(|c| (c.op, c.index)))?;
+            out.set_item(objs.value(v)?, list)?;
+        }
+        Ok(out)
+    })
 }
 
 /// Renames an op input (see `Graph::rename_op_input`): `(net_bytes, init_net_bytes or None)`.
@@ -447,21 +456,23 @@ fn graph_rename_op_input<'py>(
     new_name: &str,
     at_producer: bool,
 ) -> PyResult<(Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>)> {
-    let (net, init) = detach_guarded(
-        py,
-        "graph_rename_op_input",
-        || -> ferrocaffe::Result<(Vec<u8>, Option<Vec<u8>>)> {
-            let mut g = Graph::from_bytes(net)?;
-            if let Some(init) = init_net {
-                g = g.with_init_net_bytes(init)?;
-            }
-            g.rename_op_input(op, input, new_name, at_producer)?;
-            let init = g.init_net().map(|n| n.to_bytes()).transpose()?;
-            Ok((g.net().to_bytes()?, init))
-        },
-    )
-    .py()?;
-    Ok((PyBytes::new(py, &net), init.map(|b| PyBytes::new(py, &b))))
+    guard("graph_rename_op_input", || {
+        let (net, init) = detach_guarded(
+            py,
+            "graph_rename_op_input",
+            || -> ferrocaffe::Result<(Vec<u8>, Option<Vec<u8>>)> {
+                let mut g = Graph::from_bytes(net)?;
+                if let Some(init) = init_net {
+                    g = g.with_init_net_bytes(init)?;
+                }
+                g.rename_op_input(op, input, new_name, at_producer)?;
+                let init = g.init_net().map(|n| n.to_bytes()).transpose()?;
+                Ok((g.net().to_bytes()?, init))
+            },
+        )
+        .py()?;
+        Ok((PyBytes::new(py, &net), init.map(|b| PyBytes::new(py, &b))))
+    })
 }
 
 /// Renames an op output (see `Graph::rename_op_output`); returns the net bytes.
@@ -473,17 +484,19 @@ fn graph_rename_op_output<'py>(
     output: usize,
     new_name: &str,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let out = detach_guarded(
-        py,
-        "graph_rename_op_output",
-        || -> ferrocaffe::Result<Vec<u8>> {
-            let mut g = Graph::from_bytes(net)?;
-            g.rename_op_output(op, output, new_name)?;
-            g.net().to_bytes()
-        },
-    )
-    .py()?;
-    Ok(PyBytes::new(py, &out))
+    guard("graph_rename_op_output", || {
+        let out = detach_guarded(
+            py,
+            "graph_rename_op_output",
+            || -> ferrocaffe::Result<Vec<u8>> {
+                let mut g = Graph::from_bytes(net)?;
+                g.rename_op_output(op, output, new_name)?;
+                g.net().to_bytes()
+            },
+        )
+        .py()?;
+        Ok(PyBytes::new(py, &out))
+    })
 }
 
 /// Removes dead-end ops: `(net_bytes, removed op indices)`.
@@ -492,17 +505,19 @@ fn graph_remove_dead_end_ops<'py>(
     py: Python<'py>,
     net: &[u8],
 ) -> PyResult<(Bound<'py, PyBytes>, Vec<usize>)> {
-    let (out, removed) = detach_guarded(
-        py,
-        "graph_remove_dead_end_ops",
-        || -> ferrocaffe::Result<(Vec<u8>, Vec<usize>)> {
-            let mut g = Graph::from_bytes(net)?;
-            let removed = g.remove_dead_end_ops();
-            Ok((g.net().to_bytes()?, removed))
-        },
-    )
-    .py()?;
-    Ok((PyBytes::new(py, &out), removed))
+    guard("graph_remove_dead_end_ops", || {
+        let (out, removed) = detach_guarded(
+            py,
+            "graph_remove_dead_end_ops",
+            || -> ferrocaffe::Result<(Vec<u8>, Vec<usize>)> {
+                let mut g = Graph::from_bytes(net)?;
+                let removed = g.remove_dead_end_ops();
+                Ok((g.net().to_bytes()?, removed))
+            },
+        )
+        .py()?;
+        Ok((PyBytes::new(py, &out), removed))
+    })
 }
 
 /// Removes the given ops; returns the net bytes.
@@ -512,13 +527,15 @@ fn graph_remove_ops<'py>(
     net: &[u8],
     ops: Vec<usize>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let out = detach_guarded(py, "graph_remove_ops", || -> ferrocaffe::Result<Vec<u8>> {
-        let mut g = Graph::from_bytes(net)?;
-        g.remove_ops(&ops)?;
-        g.net().to_bytes()
+    guard("graph_remove_ops", || {
+        let out = detach_guarded(py, "graph_remove_ops", || -> ferrocaffe::Result<Vec<u8>> {
+            let mut g = Graph::from_bytes(net)?;
+            g.remove_ops(&ops)?;
+            g.net().to_bytes()
+        })
+        .py()?;
+        Ok(PyBytes::new(py, &out))
     })
-    .py()?;
-    Ok(PyBytes::new(py, &out))
 }
 
 /// The external inputs and outputs of a sub-graph, as lists of `(name, version)` tuples.
@@ -529,11 +546,13 @@ fn graph_sub_graph_io(
     net: &[u8],
     ops: Vec<usize>,
 ) -> PyResult<(Vec<(String, Version)>, Vec<(String, Version)>)> {
-    let io = detach_guarded(py, "graph_sub_graph_io", || {
-        Graph::from_bytes(net).and_then(|g| g.sub_graph_io(&ops))
+    guard("graph_sub_graph_io", || {
+        let io = detach_guarded(py, "graph_sub_graph_io", || {
+            Graph::from_bytes(net).and_then(|g| g.sub_graph_io(&ops))
+        })
+        .py()?;
+        Ok((io.inputs, io.outputs))
     })
-    .py()?;
-    Ok((io.inputs, io.outputs))
 }
 
 /// Chains of ops of one type (see `Graph::find_chains`).
@@ -544,10 +563,12 @@ fn graph_find_chains(
     op_type: &str,
     min_length: usize,
 ) -> PyResult<Vec<Vec<usize>>> {
-    detach_guarded(py, "graph_find_chains", || {
-        Graph::from_bytes(net).map(|g| g.find_chains(op_type, min_length))
+    guard("graph_find_chains", || {
+        detach_guarded(py, "graph_find_chains", || {
+            Graph::from_bytes(net).map(|g| g.find_chains(op_type, min_length))
+        })
+        .py()
     })
-    .py()
 }
 
 /// The final version of each external output.
@@ -556,15 +577,17 @@ fn graph_versioned_external_outputs(
     py: Python<'_>,
     net: &[u8],
 ) -> PyResult<Vec<(String, Version)>> {
-    detach_guarded(py, "graph_versioned_external_outputs", || {
-        Graph::from_bytes(net).map(|g| {
-            g.versioned_external_outputs()
-                .into_iter()
-                .map(|(n, v)| (n.to_string(), v))
-                .collect()
+    guard("graph_versioned_external_outputs", || {
+        detach_guarded(py, "graph_versioned_external_outputs", || {
+            Graph::from_bytes(net).map(|g| {
+                g.versioned_external_outputs()
+                    .into_iter()
+                    .map(|(n, v)| (n.to_string(), v))
+                    .collect()
+            })
         })
+        .py()
     })
-    .py()
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

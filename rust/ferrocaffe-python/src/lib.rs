@@ -14,7 +14,7 @@ mod cuda;
 mod errors;
 mod graph;
 
-use errors::{detach_guarded, IntoPy};
+use errors::{detach_guarded, guard, guard_ok, IntoPy};
 mod workspace;
 
 /// The encoded `FileDescriptorSet` of caffe2.proto (used to build `caffe2_pb2`).
@@ -25,8 +25,10 @@ fn file_descriptor_set(py: Python<'_>) -> Bound<'_, PyBytes> {
 
 /// Every operator type the engine knows, sorted.
 #[pyfunction]
-fn registered_operators() -> Vec<&'static str> {
-    ferrocaffe::schema::registered_types().collect()
+fn registered_operators() -> PyResult<Vec<&'static str>> {
+    guard_ok("registered_operators", || {
+        ferrocaffe::schema::registered_types().collect()
+    })
 }
 
 /// The schema of an operator type as a dict (`inputs` and `outputs` as inclusive `(min, max)`
@@ -55,8 +57,11 @@ fn op_schema<'py>(py: Python<'py>, op_type: &str) -> PyResult<Option<Bound<'py, 
 /// an unknown kind.
 #[pyfunction]
 fn roundtrip<'py>(py: Python<'py>, kind: &str, data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
-    let out = detach_guarded(py, "roundtrip", || ferrocaffe::proto::reencode(kind, data)).py()?;
-    Ok(PyBytes::new(py, &out))
+    guard("roundtrip", || {
+        let out =
+            detach_guarded(py, "roundtrip", || ferrocaffe::proto::reencode(kind, data)).py()?;
+        Ok(PyBytes::new(py, &out))
+    })
 }
 
 /// Full names of every message in caffe2.proto.

@@ -3,7 +3,6 @@
 //! and no panic crosses into Python.
 
 use std::ffi::c_void;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use numpy::npyffi::{self, flags, npy_intp, NpyTypes, PY_ARRAY_API};
@@ -14,22 +13,18 @@ use pyo3::types::{PyBytes, PyList};
 
 use ferrocaffe::proto::{self, NetDef, OperatorDef, PlanDef};
 
-use crate::errors::detach_guarded;
 use ferrocaffe::tensor::{DataType, Snapshot, Tensor};
 use ferrocaffe::workspace::{Blob, Workspace as CoreWorkspace};
 
-use crate::errors::{panic_to_py, IntoPy};
+use crate::errors::{detach_guarded, guard, guard_ok, IntoPy};
 
-/// Runs `f` without the GIL, turning a panic into a RuntimeError.
+/// Runs core call `f` of entry point `what` without the GIL (see [`detach_guarded`]).
 fn guarded<T: Send>(
     py: Python<'_>,
+    what: &str,
     f: impl FnOnce() -> ferrocaffe::Result<T> + Send,
 ) -> PyResult<T> {
-    let r = py.detach(|| catch_unwind(AssertUnwindSafe(f)));
-    match r {
-        Ok(res) => res.py(),
-        Err(p) => Err(panic_to_py(p)),
-    }
+    detach_guarded(py, what, f).py()
 }
 
 /// Keeps a snapshot alive as the base object of a zero-copy numpy array.
@@ -147,201 +142,245 @@ pub struct PyWorkspace {
 #[pymethods]
 impl PyWorkspace {
     #[new]
-    fn new() -> Self {
-        PyWorkspace {
+    fn new() -> PyResult<Self> {
+        guard_ok("Workspace", || PyWorkspace {
             ws: CoreWorkspace::new(),
-        }
+        })
     }
 
     /// Feeds a numeric numpy array (C-contiguous, aligned, native byte order) without copying.
     fn feed(&self, name: &str, array: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
-        let t = array_to_tensor(array)?;
-        self.ws.feed(name, t);
-        Ok(())
+        guard("Workspace.feed", || {
+            let t = array_to_tensor(array)?;
+            self.ws.feed(name, t);
+            Ok(())
+        })
     }
 
     /// Moves the tensor of blob `name` to CUDA device `ordinal` (a copy; the blob then holds
     /// the device tensor), or to the host when `ordinal` is None.
     #[pyo3(signature = (name, ordinal))]
     fn to_device(&self, py: Python<'_>, name: &str, ordinal: Option<u32>) -> PyResult<()> {
-        let ws = self.ws.clone();
-        detach_guarded(py, "FeedBlob", move || {
-            let h = ws.blob(name)?;
-            let mut b = h.write();
-            if let Blob::Tensor(t) = &*b {
-                let device = ordinal.map_or(
-                    ferrocaffe::device::Device::Cpu,
-                    ferrocaffe::device::Device::Cuda,
-                );
-                let moved = ferrocaffe::cuda::to_device(t, device)?;
-                *b = Blob::Tensor(moved);
-            }
-            Ok(())
+        guard("Workspace.to_device", || {
+            let ws = self.ws.clone();
+            detach_guarded(py, "Workspace.to_device", move || {
+                let h = ws.blob(name)?;
+                let mut b = h.write();
+                if let Blob::Tensor(t) = &*b {
+                    let device = ordinal.map_or(
+                        ferrocaffe::device::Device::Cpu,
+                        ferrocaffe::device::Device::Cuda,
+                    );
+                    let moved = ferrocaffe::cuda::to_device(t, device)?;
+                    *b = Blob::Tensor(moved);
+                }
+                Ok(())
+            })
+            .py()
         })
-        .py()
     }
 
     /// The device a tensor blob lives on: None for the host, else the CUDA ordinal.
     fn blob_device(&self, name: &str) -> PyResult<Option<u32>> {
-        let h = self.ws.blob(name).py()?;
-        let b = h.read();
-        Ok(match b.tensor().map(|t| t.device()) {
-            Some(ferrocaffe::device::Device::Cuda(i)) => Some(i),
-            _ => None,
+        guard("Workspace.blob_device", || {
+            let h = self.ws.blob(name).py()?;
+            let b = h.read();
+            Ok(match b.tensor().map(|t| t.device()) {
+                Some(ferrocaffe::device::Device::Cuda(i)) => Some(i),
+                _ => None,
+            })
         })
     }
 
     /// Feeds a string tensor of the given shape.
     fn feed_strings(&self, name: &str, dims: Vec<usize>, values: Vec<Vec<u8>>) -> PyResult<()> {
-        let t = Tensor::from_strings(&dims, values).py()?;
-        self.ws.feed(name, t);
-        Ok(())
+        guard("Workspace.feed_strings", || {
+            let t = Tensor::from_strings(&dims, values).py()?;
+            self.ws.feed(name, t);
+            Ok(())
+        })
     }
 
     /// Stores raw bytes (a `std::string` blob).
-    fn feed_bytes(&self, name: &str, value: Vec<u8>) {
-        *self.ws.create_blob(name).write() = Blob::Bytes(value);
+    fn feed_bytes(&self, name: &str, value: Vec<u8>) -> PyResult<()> {
+        guard_ok("Workspace.feed_bytes", || {
+            *self.ws.create_blob(name).write() = Blob::Bytes(value);
+        })
     }
 
     /// The value of a blob: a read-only numpy array sharing the tensor's memory, an object
     /// array of bytes for strings, bytes for a `std::string` blob, and for anything else the
     /// bytes `"<name>, a C++ native class of type <type>."` as Caffe2 returned.
     fn fetch<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
-        let h = self.ws.blob(name).py()?;
-        let snap = {
-            let b = h.read();
-            match &*b {
-                // A tensor on a device comes back as a host copy, as Caffe2's FetchBlob does.
-                Blob::Tensor(t) if t.is_host() => t.snapshot(),
-                Blob::Tensor(t) => t.to_host().py()?.snapshot(),
-                Blob::Bytes(v) => return Ok(PyBytes::new(py, v).into_any()),
-                other => {
-                    // As Caffe2: a description of what the blob holds.
-                    let desc = format!(
-                        "{name}, a C++ native class of type {}.",
-                        other.caffe2_type_name()
-                    );
-                    return Ok(PyBytes::new(py, desc.as_bytes()).into_any());
+        guard("Workspace.fetch", || {
+            let h = self.ws.blob(name).py()?;
+            let snap = {
+                let b = h.read();
+                match &*b {
+                    // A tensor on a device comes back as a host copy, as Caffe2's FetchBlob does.
+                    Blob::Tensor(t) if t.is_host() => t.snapshot(),
+                    Blob::Tensor(t) => t.to_host().py()?.snapshot(),
+                    Blob::Bytes(v) => return Ok(PyBytes::new(py, v).into_any()),
+                    other => {
+                        // As Caffe2: a description of what the blob holds.
+                        let desc = format!(
+                            "{name}, a C++ native class of type {}.",
+                            other.caffe2_type_name()
+                        );
+                        return Ok(PyBytes::new(py, desc.as_bytes()).into_any());
+                    }
                 }
-            }
-        };
-        snapshot_to_array(py, snap)
+            };
+            snapshot_to_array(py, snap)
+        })
     }
 
     /// The BlobProto bytes of a blob (Caffe2's SerializeBlob).
     fn serialize_blob<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyBytes>> {
-        let ws = self.ws.clone();
-        let name = name.to_string();
-        let bytes = guarded(py, move || ws.serialize_blob(&name))?;
-        Ok(PyBytes::new(py, &bytes))
+        guard("Workspace.serialize_blob", || {
+            let ws = self.ws.clone();
+            let name = name.to_string();
+            let bytes = guarded(py, "Workspace.serialize_blob", move || {
+                ws.serialize_blob(&name)
+            })?;
+            Ok(PyBytes::new(py, &bytes))
+        })
     }
 
     /// Creates or replaces a blob from BlobProto bytes (Caffe2's DeserializeBlob).
     fn deserialize_blob(&self, py: Python<'_>, name: &str, data: Vec<u8>) -> PyResult<()> {
-        let ws = self.ws.clone();
-        let name = name.to_string();
-        guarded(py, move || ws.deserialize_blob(&name, &data))
+        guard("Workspace.deserialize_blob", || {
+            let ws = self.ws.clone();
+            let name = name.to_string();
+            guarded(py, "Workspace.deserialize_blob", move || {
+                ws.deserialize_blob(&name, &data)
+            })
+        })
     }
 
     /// What blob `name` holds (`"Tensor"`, `"nothing"`, ...).
     fn blob_type(&self, name: &str) -> PyResult<String> {
-        let h = self.ws.blob(name).py()?;
-        let b = h.read();
-        Ok(b.type_name().to_string())
+        guard("Workspace.blob_type", || {
+            let h = self.ws.blob(name).py()?;
+            let b = h.read();
+            Ok(b.type_name().to_string())
+        })
     }
 
-    fn has_blob(&self, name: &str) -> bool {
-        self.ws.has_blob(name)
+    fn has_blob(&self, name: &str) -> PyResult<bool> {
+        guard_ok("Workspace.has_blob", || self.ws.has_blob(name))
     }
 
-    fn remove_blob(&self, name: &str) -> bool {
-        self.ws.remove_blob(name)
+    fn remove_blob(&self, name: &str) -> PyResult<bool> {
+        guard_ok("Workspace.remove_blob", || self.ws.remove_blob(name))
     }
 
     /// Every visible blob name, sorted.
-    fn blobs(&self) -> Vec<String> {
-        self.ws.blob_names()
+    fn blobs(&self) -> PyResult<Vec<String>> {
+        guard_ok("Workspace.blobs", || self.ws.blob_names())
     }
 
     /// Creates an empty blob if none of that name is visible.
-    fn create_blob(&self, name: &str) {
-        self.ws.create_blob(name);
+    fn create_blob(&self, name: &str) -> PyResult<()> {
+        guard_ok("Workspace.create_blob", || {
+            self.ws.create_blob(name);
+        })
     }
 
     /// Instantiates a serialized NetDef; returns its name.
     fn create_net(&self, py: Python<'_>, net: &[u8], overwrite: bool) -> PyResult<String> {
-        let def: NetDef = proto::decode(net).py()?;
-        let ws = self.ws.clone();
-        guarded(py, move || ws.create_net(&def, overwrite).map(|_| ()))?;
-        Ok(String::new())
+        guard("Workspace.create_net", || {
+            let def: NetDef = proto::decode(net).py()?;
+            let ws = self.ws.clone();
+            guarded(py, "Workspace.create_net", move || {
+                ws.create_net(&def, overwrite).map(|_| ())
+            })?;
+            Ok(String::new())
+        })
     }
 
     #[pyo3(signature = (name, num_iter=1))]
     fn run_net(&self, py: Python<'_>, name: &str, num_iter: usize) -> PyResult<()> {
-        let ws = self.ws.clone();
-        let name = name.to_string();
-        guarded(py, move || ws.run_net(&name, num_iter))
+        guard("Workspace.run_net", || {
+            let ws = self.ws.clone();
+            let name = name.to_string();
+            guarded(py, "Workspace.run_net", move || ws.run_net(&name, num_iter))
+        })
     }
 
     fn run_net_once(&self, py: Python<'_>, net: &[u8]) -> PyResult<()> {
-        let def: NetDef = proto::decode(net).py()?;
-        let ws = self.ws.clone();
-        guarded(py, move || ws.run_net_once(&def))
+        guard("Workspace.run_net_once", || {
+            let def: NetDef = proto::decode(net).py()?;
+            let ws = self.ws.clone();
+            guarded(py, "Workspace.run_net_once", move || ws.run_net_once(&def))
+        })
     }
 
     fn run_operator_once(&self, py: Python<'_>, op: &[u8]) -> PyResult<()> {
-        let def: OperatorDef = proto::decode(op).py()?;
-        let ws = self.ws.clone();
-        guarded(py, move || ws.run_operator_once(&def))
+        guard("Workspace.run_operator_once", || {
+            let def: OperatorDef = proto::decode(op).py()?;
+            let ws = self.ws.clone();
+            guarded(py, "Workspace.run_operator_once", move || {
+                ws.run_operator_once(&def)
+            })
+        })
     }
 
     fn run_plan(&self, py: Python<'_>, plan: &[u8]) -> PyResult<()> {
-        let def: PlanDef = proto::decode(plan).py()?;
-        let ws = self.ws.clone();
-        guarded(py, move || ws.run_plan(&def))
+        guard("Workspace.run_plan", || {
+            let def: PlanDef = proto::decode(plan).py()?;
+            let ws = self.ws.clone();
+            guarded(py, "Workspace.run_plan", move || ws.run_plan(&def))
+        })
     }
 
     /// Names of the created nets, sorted.
-    fn nets(&self) -> Vec<String> {
-        self.ws.net_names()
+    fn nets(&self) -> PyResult<Vec<String>> {
+        guard_ok("Workspace.nets", || self.ws.net_names())
     }
 
-    fn has_net(&self, name: &str) -> bool {
-        self.ws.get_net(name).is_some()
+    fn has_net(&self, name: &str) -> PyResult<bool> {
+        guard_ok("Workspace.has_net", || self.ws.get_net(name).is_some())
     }
 
-    fn delete_net(&self, name: &str) -> bool {
-        self.ws.delete_net(name)
+    fn delete_net(&self, name: &str) -> PyResult<bool> {
+        guard_ok("Workspace.delete_net", || self.ws.delete_net(name))
     }
 
     /// Forgets every blob and net.
     fn reset(&self, py: Python<'_>) -> PyResult<()> {
-        let ws = self.ws.clone();
-        guarded(py, move || {
-            ws.reset();
-            Ok(())
+        guard("Workspace.reset", || {
+            let ws = self.ws.clone();
+            guarded(py, "Workspace.reset", move || {
+                ws.reset();
+                Ok(())
+            })
         })
     }
 
     #[getter]
-    fn get_root_folder(&self) -> String {
-        self.ws.root_folder()
+    fn get_root_folder(&self) -> PyResult<String> {
+        guard_ok("Workspace.get_root_folder", || self.ws.root_folder())
     }
 
     #[setter]
-    fn set_root_folder(&self, root: &str) {
-        self.ws.set_root_folder(root);
+    fn set_root_folder(&self, root: &str) -> PyResult<()> {
+        guard_ok("Workspace.set_root_folder", || {
+            self.ws.set_root_folder(root);
+        })
     }
 }
 
 /// Op types that have a CPU (or other) kernel, sorted.
 #[pyfunction]
-fn kernel_types() -> Vec<String> {
-    ferrocaffe::runtime::default_registry()
-        .types()
-        .into_iter()
-        .map(str::to_string)
-        .collect()
+fn kernel_types() -> PyResult<Vec<String>> {
+    guard_ok("kernel_types", || {
+        ferrocaffe::runtime::default_registry()
+            .types()
+            .into_iter()
+            .map(str::to_string)
+            .collect()
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

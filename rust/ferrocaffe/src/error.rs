@@ -294,6 +294,36 @@ impl Error {
     }
 }
 
+/// The entry point named by `FERROCAFFE_TEST_PANIC` when the process started (read once), or
+/// None: the hook by which tests check that a panic in the engine reaches Python as an
+/// exception and not as pyo3's `PanicException`.
+fn test_panic_target() -> Option<&'static str> {
+    static TARGET: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    TARGET
+        .get_or_init(|| {
+            std::env::var("FERROCAFFE_TEST_PANIC")
+                .ok()
+                .filter(|s| !s.is_empty())
+        })
+        .as_deref()
+}
+
+/// Whether `FERROCAFFE_TEST_PANIC` names some entry point (so that a caller can skip building
+/// the name of a [`panic_hook_for_tests`] point when it does not).
+pub fn test_panics_enabled() -> bool {
+    test_panic_target().is_some()
+}
+
+/// Panics when the process was started with `FERROCAFFE_TEST_PANIC=<point>`; does nothing
+/// otherwise (one load of a once-initialised value). The native module's entry points call it
+/// inside their panic guard, so that tests can force the panic an engine bug would cause and
+/// check what Python sees.
+pub fn panic_hook_for_tests(point: &str) {
+    if test_panic_target() == Some(point) {
+        panic!("FERROCAFFE_TEST_PANIC: forced panic in {point}");
+    }
+}
+
 /// A `Vec` of `n` copies of `value`, or an [`Error::OutOfMemory`] naming `what` when the
 /// allocation fails (for buffers whose size comes from user input: a shape, a length).
 pub fn try_vec<T: Clone>(n: usize, value: T, what: &str) -> Result<Vec<T>> {

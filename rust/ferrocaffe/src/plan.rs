@@ -9,8 +9,12 @@
 //!   (checked after every net and after every sequential substep, ending the step), or once
 //!   with `only_once`.
 //! * `concurrent_substeps` (more than one substep) or `num_concurrent_instances` > 1: each
-//!   iteration runs `substeps × instances` threads, each running substep `k % substeps`; the
-//!   first failure is reported after all of them finish.
+//!   iteration runs `substeps × instances` tasks, task `k` running substep `k % substeps`, on
+//!   at most [`crate::net::max_threads`] threads (the calling one included; more when there are
+//!   more substeps, up to [`MAX_SUBSTEP_THREADS`], so that every substep of a step runs
+//!   concurrently with the others, as producer and consumer substeps need), taking tasks in
+//!   order; once a task fails no further task starts, and the first failure is reported after
+//!   the running ones finish.
 //! * Substeps with `run_every_ms`, and the `report_net` (every `report_interval` seconds), run on
 //!   reporter threads while the step runs, and once more when it ends.
 
@@ -344,36 +348,138 @@ fn run_body(step: &ExecutionStep, c: &Compiled<'_>) -> Result<()> {
     Ok(())
 }
 
+/// The most threads one step's concurrent substeps run on when it has that many substeps
+/// (with fewer, [`crate::net::max_threads`] bounds them).
+pub const MAX_SUBSTEP_THREADS: usize = 256;
+
+/// How many threads run `tasks` tasks of `substeps` distinct substeps.
+fn concurrent_workers(substeps: usize, tasks: usize) -> usize {
+    let cap = crate::net::max_threads().max(substeps.min(MAX_SUBSTEP_THREADS));
+    tasks.min(cap).max(1)
+}
+
 fn run_concurrent(step: &ExecutionStep, c: &Compiled<'_>) -> Result<()> {
     let n = c.recurring.len();
     if n == 0 {
         return Ok(());
     }
-    let threads = n * step.num_concurrent_instances().max(1) as usize;
+    let instances = usize::try_from(step.num_concurrent_instances().max(1)).unwrap_or(1);
+    let tasks = n.saturating_mul(instances);
     let next = AtomicUsize::new(0);
     let first_error: Mutex<Option<Error>> = Mutex::new(None);
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| {
-                let id = next.fetch_add(1, Ordering::AcqRel) % n;
-                if c.got_failure.load(Ordering::Acquire) {
-                    return;
-                }
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    execute(&c.recurring[id])
-                }))
-                .unwrap_or_else(|_| Err(Error::Runtime("a plan worker panicked".into())));
-                if let Err(e) = r {
-                    c.got_failure.store(true, Ordering::Release);
-                    first_error.lock().get_or_insert(e);
-                }
-            });
+    let work = || loop {
+        let k = next.fetch_add(1, Ordering::AcqRel);
+        if k >= tasks || c.got_failure.load(Ordering::Acquire) {
+            return;
         }
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            execute(&c.recurring[k % n])
+        }))
+        .unwrap_or_else(|_| Err(Error::Runtime("a plan worker panicked".into())));
+        if let Err(e) = r {
+            c.got_failure.store(true, Ordering::Release);
+            first_error.lock().get_or_insert(e);
+        }
+    };
+    std::thread::scope(|s| {
+        // Helpers beside the calling thread; when the system refuses a thread, the ones
+        // started (and the calling thread) take the remaining tasks.
+        for i in 1..concurrent_workers(n, tasks) {
+            let spawned = std::thread::Builder::new()
+                .name(format!("ferrocaffe-plan-{i}"))
+                .spawn_scoped(s, work);
+            if spawned.is_err() {
+                break;
+            }
+        }
+        work();
     });
     match first_error.into_inner() {
         Some(e) => Err(Error::Runtime(format!(
             "One of the workers died with an unhandled exception {e}"
         ))),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::OperatorDef;
+    use crate::tensor::Tensor;
+
+    fn counter(ws: &Arc<Workspace>, name: &str) -> i64 {
+        let h = ws.blob(name).unwrap();
+        let b = h.read();
+        b.tensor().unwrap().as_slice::<i64>().unwrap()[0]
+    }
+
+    /// A plan of one step: `substeps` substeps, each running a net that adds 1 to its own
+    /// counter, with `instances` concurrent instances.
+    fn counting_plan(substeps: usize, instances: i32) -> PlanDef {
+        let mut plan = PlanDef::default();
+        let mut top = ExecutionStep {
+            name: Some("top".into()),
+            concurrent_substeps: Some(true),
+            num_concurrent_instances: Some(instances),
+            ..Default::default()
+        };
+        for k in 0..substeps {
+            let net = format!("count{k}");
+            plan.network.push(NetDef {
+                name: Some(net.clone()),
+                op: vec![OperatorDef::new(
+                    "Add",
+                    [format!("c{k}"), "one".to_string()],
+                    [format!("c{k}")],
+                )],
+                ..Default::default()
+            });
+            top.substep.push(ExecutionStep {
+                name: Some(format!("s{k}")),
+                network: vec![net],
+                ..Default::default()
+            });
+        }
+        plan.execution_step.push(top);
+        plan
+    }
+
+    #[test]
+    fn ten_thousand_concurrent_instances_run_on_bounded_threads() {
+        let ws = Workspace::new();
+        ws.feed("one", Tensor::from_vec(&[1], vec![1i64]).unwrap());
+        for k in 0..2 {
+            ws.feed(
+                &format!("c{k}"),
+                Tensor::from_vec(&[1], vec![0i64]).unwrap(),
+            );
+        }
+        ws.run_plan(&counting_plan(2, 10_000)).unwrap();
+        assert_eq!(counter(&ws, "c0"), 10_000);
+        assert_eq!(counter(&ws, "c1"), 10_000);
+    }
+
+    #[test]
+    fn workers_are_bounded_but_cover_every_substep() {
+        let cap = crate::net::max_threads();
+        assert_eq!(concurrent_workers(2, 20_000), cap);
+        assert_eq!(concurrent_workers(3, 3), 3);
+        assert_eq!(concurrent_workers(cap + 5, cap + 5), cap + 5);
+        assert_eq!(
+            concurrent_workers(100_000, 100_000),
+            cap.max(MAX_SUBSTEP_THREADS)
+        );
+    }
+
+    #[test]
+    fn a_failing_instance_is_reported() {
+        let ws = Workspace::new();
+        ws.feed("one", Tensor::from_vec(&[1], vec![1i64]).unwrap());
+        // c0's type does not match `one`'s: every instance fails at run time, and the step
+        // reports it.
+        ws.feed("c0", Tensor::from_vec(&[1], vec![0f32]).unwrap());
+        let e = ws.run_plan(&counting_plan(1, 50)).unwrap_err();
+        assert!(e.to_string().contains("One of the workers died"), "{e}");
     }
 }

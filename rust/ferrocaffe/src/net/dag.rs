@@ -5,7 +5,10 @@
 //! seen): an op depends on the last writer of each blob it reads or writes (read-after-write,
 //! write-after-write) and on every reader since that write of each blob it writes
 //! (write-after-read). Blobs named in `control_input` count as reads for ordering. Executing in any order compatible with these edges gives the same results
-//! as running the ops in net order. Pools are shared between nets of the same size.
+//! as running the ops in net order. Pools are shared between nets of the same size; a
+//! `num_workers` above [`super::max_threads`] gets that many threads, and only the
+//! [`MAX_POOLS`] most recently used pool sizes are kept, so that nets of many sizes do not
+//! keep threads for ever.
 //!
 //! Dependencies are per blob: two blobs whose tensors alias one storage (the `Alias` op, RNN
 //! link views) are not seen as related, as in Caffe2; nets that write through such aliases
@@ -32,11 +35,28 @@ pub struct DagNet {
     workers: usize,
 }
 
+/// At most this many thread pools are kept between runs (the least recently used one is let
+/// go, its threads ending when no net runs on it any more).
+pub const MAX_POOLS: usize = 4;
+
+/// The kept pools by worker count, the most recently used last.
+type Pools = Mutex<Vec<(usize, Arc<rayon::ThreadPool>)>>;
+
+fn pools() -> &'static Pools {
+    static POOLS: OnceLock<Pools> = OnceLock::new();
+    POOLS.get_or_init(Default::default)
+}
+
+/// A pool of `workers` threads (at most [`super::max_threads`]), shared by the nets of that
+/// size; only the [`MAX_POOLS`] most recently used sizes are kept.
 fn pool(workers: usize) -> Result<Arc<rayon::ThreadPool>> {
-    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
-    let mut pools = POOLS.get_or_init(Default::default).lock();
-    if let Some(p) = pools.get(&workers) {
-        return Ok(p.clone());
+    let workers = workers.clamp(1, super::max_threads());
+    let mut pools = pools().lock();
+    if let Some(k) = pools.iter().position(|(w, _)| *w == workers) {
+        let entry = pools.remove(k);
+        let p = entry.1.clone();
+        pools.push(entry);
+        return Ok(p);
     }
     let p = rayon::ThreadPoolBuilder::new()
         .num_threads(workers)
@@ -44,8 +64,16 @@ fn pool(workers: usize) -> Result<Arc<rayon::ThreadPool>> {
         .build()
         .map_err(|e| Error::Runtime(format!("cannot start {workers} dag workers: {e}")))?;
     let p = Arc::new(p);
-    pools.insert(workers, p.clone());
+    if pools.len() >= MAX_POOLS {
+        pools.remove(0);
+    }
+    pools.push((workers, p.clone()));
     Ok(p)
+}
+
+/// How many thread pools are kept now (at most [`MAX_POOLS`]).
+pub fn pool_count() -> usize {
+    pools().lock().len()
 }
 
 /// Dependency edges of `ops` (see the module docs): `children[i]` lists the ops after `i`.
@@ -132,7 +160,8 @@ impl RunState<'_> {
 }
 
 impl DagNet {
-    /// Over instantiated ops, with `num_workers` threads (at least 1; 0 means 4).
+    /// Over instantiated ops, with `num_workers` threads (at least 1; 0 means 4; at most
+    /// [`super::max_threads`]).
     pub fn new(ops: Vec<OpInstance>, num_workers: i32) -> Self {
         let children = dependencies(&ops);
         let mut indegree = vec![0; ops.len()];
@@ -221,5 +250,37 @@ mod tests {
         assert_eq!(children[0], vec![1, 4]);
         assert_eq!(children[1], vec![2]);
         assert!(children[2].is_empty() && children[3].is_empty());
+    }
+
+    #[test]
+    fn pools_stay_bounded_over_many_worker_counts() {
+        let ws = Workspace::new();
+        ws.feed("x", Tensor::from_vec(&[2], vec![-1.0f32, 2.0]).unwrap());
+        let net = NetDef {
+            op: vec![
+                OperatorDef::new("Relu", ["x"], ["a"]),
+                OperatorDef::new("Relu", ["x"], ["b"]),
+                OperatorDef::new("Add", ["a", "b"], ["y"]),
+            ],
+            ..Default::default()
+        };
+        for workers in 2..60 {
+            let ops = crate::net::instantiate_ops(&net, &ws).unwrap();
+            let mut dag = DagNet::new(ops, workers);
+            dag.run(&ws).unwrap();
+            let y = ws.blob("y").unwrap();
+            let y = y.read();
+            assert_eq!(y.tensor().unwrap().as_slice::<f32>().unwrap(), &[0.0, 4.0]);
+            assert!(pool_count() <= MAX_POOLS, "{} pools", pool_count());
+        }
+        // A request far above the cap runs on a capped pool.
+        let ops = crate::net::instantiate_ops(&net, &ws).unwrap();
+        DagNet::new(ops, 100_000).run(&ws).unwrap();
+        let kept: Vec<usize> = pools().lock().iter().map(|(w, _)| *w).collect();
+        assert!(
+            kept.iter().all(|&w| w <= crate::net::max_threads()),
+            "{kept:?}"
+        );
+        assert!(kept.len() <= MAX_POOLS);
     }
 }

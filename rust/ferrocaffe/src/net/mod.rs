@@ -29,6 +29,20 @@ use crate::ops::operator::{op_error, op_failed, InSlot, OpContext, OpInit, Opera
 use crate::proto::{NetDef, OperatorDef};
 use crate::workspace::{BlobHandle, CreatedNet, SharedNet, Workspace};
 
+/// The most threads one dag net, or one step's concurrent substeps, run on: four per core the
+/// machine has (at least 8). A `num_workers` or `num_concurrent_instances` above it is queued
+/// on that many threads (results are the same, see [`dag`] and [`crate::plan`]), so that no
+/// net or plan a user sends can start an unbounded number of threads.
+pub fn max_threads() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .saturating_mul(4)
+            .max(8)
+    })
+}
+
 #[derive(Clone, Copy)]
 enum InKind {
     Lock,
