@@ -30,8 +30,8 @@ fn cuda_unavailable_reason() -> PyResult<Option<String>> {
 /// The version of the cuDNN library found here (`major * 10000 + minor * 100 + patch` from
 /// cuDNN 9 on), or None when there is none (or the build has no CUDA backend).
 #[pyfunction]
-fn cuda_cudnn_version() -> Option<usize> {
-    ferrocaffe::cuda::cudnn_version()
+fn cuda_cudnn_version() -> PyResult<Option<usize>> {
+    guard_ok("cuda_cudnn_version", ferrocaffe::cuda::cudnn_version)
 }
 
 /// `(module name, full CUDA C source)` of every kernel module.

@@ -36,6 +36,10 @@ fn registered_operators() -> PyResult<Vec<&'static str>> {
 /// `input_names`, `output_names`, `private`), or None for an unknown type.
 #[pyfunction]
 fn op_schema<'py>(py: Python<'py>, op_type: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
+    errors::guard("op_schema", || schema_dict(py, op_type))
+}
+
+fn schema_dict<'py>(py: Python<'py>, op_type: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
     let Some(s) = ferrocaffe::schema::lookup(op_type) else {
         return Ok(None);
     };
