@@ -184,12 +184,17 @@ impl<'a> OpContext<'a> {
 
     /// Whether input `i` and output `j` are the same blob.
     pub fn is_inplace(&self, i: usize, j: usize) -> bool {
-        Arc::ptr_eq(&self.in_handles[i], &self.out_handles[j])
+        match (self.in_handles.get(i), self.out_handles.get(j)) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
     }
 
     fn out_slot(&self, j: usize) -> usize {
         // A repeated output shares the guard of its first occurrence.
-        let h = &self.out_handles[j];
+        let Some(h) = self.out_handles.get(j) else {
+            return j;
+        };
         self.out_handles
             .iter()
             .position(|o| Arc::ptr_eq(o, h))
@@ -198,6 +203,12 @@ impl<'a> OpContext<'a> {
 
     /// The blob of input `i`.
     pub fn input_blob(&self, i: usize) -> Result<&Blob> {
+        if i >= self.in_handles.len() {
+            return Err(Error::Schema(format!(
+                "the op has {} input(s); input {i} was expected",
+                self.in_handles.len()
+            )));
+        }
         let mut k = i;
         loop {
             match self.ins.get(k) {
@@ -233,6 +244,12 @@ impl<'a> OpContext<'a> {
 
     /// The blob of output `j`, for writing.
     pub fn output_blob(&mut self, j: usize) -> Result<&mut Blob> {
+        if j >= self.out_handles.len() {
+            return Err(Error::Schema(format!(
+                "the op has {} output(s); output {j} was expected",
+                self.out_handles.len()
+            )));
+        }
         let k = self.out_slot(j);
         match self.outs.get_mut(k).and_then(|o| o.as_deref_mut()) {
             Some(b) => Ok(b),
