@@ -174,19 +174,33 @@ unsafe impl Send for AlignedBytes {}
 unsafe impl Sync for AlignedBytes {}
 
 impl AlignedBytes {
-    fn zeroed(len: usize) -> Self {
+    /// `len` zeroed bytes, or an [`Error::OutOfMemory`] when the size cannot be laid out or
+    /// the allocator has no memory for it (never an abort).
+    fn try_zeroed(len: usize) -> Result<Self> {
         if len == 0 {
-            return AlignedBytes {
+            return Ok(AlignedBytes {
                 ptr: NonNull::<u64>::dangling().cast(),
                 len: 0,
-            };
+            });
         }
-        let layout = Layout::from_size_align(len, ALIGN).unwrap_or_else(|_| overflow(len));
+        let layout = Layout::from_size_align(len, ALIGN).map_err(|_| {
+            Error::OutOfMemory(format!("a tensor of {len} bytes is too large to allocate"))
+        })?;
         // SAFETY: layout has non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
-        // A panic (caught at the op boundary and reported) rather than an abort.
-        let ptr = NonNull::new(raw).unwrap_or_else(|| out_of_memory(len));
-        AlignedBytes { ptr, len }
+        let ptr = NonNull::new(raw).ok_or_else(|| {
+            Error::OutOfMemory(format!("out of memory allocating a tensor of {len} bytes"))
+        })?;
+        Ok(AlignedBytes { ptr, len })
+    }
+
+    /// [`try_zeroed`](Self::try_zeroed) for sizes the engine chose (a copy of an existing
+    /// buffer, a fixed size): a failure is a panic (caught at the op boundary), not an abort.
+    fn zeroed(len: usize) -> Self {
+        match Self::try_zeroed(len) {
+            Ok(b) => b,
+            Err(e) => alloc_failed(&e),
+        }
     }
 
     fn from_bytes(src: &[u8]) -> Self {
@@ -198,13 +212,8 @@ impl AlignedBytes {
 }
 
 #[cold]
-fn out_of_memory(len: usize) -> ! {
-    panic!("out of memory allocating a tensor of {len} bytes")
-}
-
-#[cold]
-fn overflow(len: usize) -> ! {
-    panic!("tensor of {len} bytes is too large to allocate")
+fn alloc_failed(e: &Error) -> ! {
+    panic!("{e}")
 }
 
 impl Drop for AlignedBytes {
@@ -430,25 +439,48 @@ fn checked_numel(dims: &[usize]) -> usize {
         .unwrap_or(usize::MAX)
 }
 
-fn fresh_buffer(dtype: DataType, numel: usize) -> Buffer {
+/// A zeroed buffer of `numel` elements, or an [`Error::OutOfMemory`] (the byte size overflows
+/// or the memory is not there).
+fn try_fresh_buffer(dtype: DataType, numel: usize) -> Result<Buffer> {
     if dtype == DataType::String {
-        Buffer::Strings(vec![Vec::new(); numel])
+        Ok(Buffer::Strings(crate::error::try_vec(
+            numel,
+            Vec::new(),
+            "a string tensor",
+        )?))
     } else {
-        let bytes = numel.saturating_mul(dtype.item_size());
-        Buffer::Owned(AlignedBytes::zeroed(bytes))
+        let bytes = numel.checked_mul(dtype.item_size()).ok_or_else(|| {
+            Error::OutOfMemory(format!(
+                "a {dtype} tensor of {numel} elements is too large to allocate"
+            ))
+        })?;
+        Ok(Buffer::Owned(AlignedBytes::try_zeroed(bytes)?))
     }
 }
 
 impl Tensor {
-    /// A zero-filled tensor (empty strings for `String`).
+    /// A zero-filled tensor (empty strings for `String`). For internal sizes: a shape no
+    /// memory can hold panics; use [`try_new`](Self::try_new) for shapes from user input.
     pub fn new(dtype: DataType, dims: &[usize]) -> Tensor {
-        let numel = checked_numel(dims);
-        Tensor {
+        match Self::try_new(dtype, dims) {
+            Ok(t) => t,
+            Err(e) => alloc_failed(&e),
+        }
+    }
+
+    /// A zero-filled tensor, or an [`Error::OutOfMemory`] naming the shape when its size
+    /// overflows or cannot be allocated.
+    pub fn try_new(dtype: DataType, dims: &[usize]) -> Result<Tensor> {
+        let numel =
+            crate::error::checked_numel(dims, dtype.item_size(), &format!("a {dtype} tensor"))?;
+        let buf = try_fresh_buffer(dtype, numel)
+            .map_err(|e| e.map_message(|m| format!("{m} (a {dtype} tensor of shape {dims:?})")))?;
+        Ok(Tensor {
             dims: dims.to_vec(),
             dtype,
-            storage: Storage::new(fresh_buffer(dtype, numel)),
+            storage: Storage::new(buf),
             offset: 0,
-        }
+        })
     }
 
     /// A tensor holding `data` (length must equal the product of `dims`).
@@ -806,18 +838,32 @@ impl Tensor {
     /// allocating a zeroed one (which detaches it from any alias). Views keep their offset only
     /// when the new size fits.
     pub fn reset(&mut self, dtype: DataType, dims: &[usize]) {
+        if let Err(e) = self.try_reset(dtype, dims) {
+            alloc_failed(&e)
+        }
+    }
+
+    /// [`reset`](Self::reset) for shapes from user input: an [`Error::OutOfMemory`] (the tensor
+    /// left as it was) when a new buffer of that shape cannot be had.
+    pub fn try_reset(&mut self, dtype: DataType, dims: &[usize]) -> Result<()> {
         // A tensor on a device is replaced by host memory: host code writes what follows.
         if self.dtype == dtype && self.dims == dims && self.is_host() {
-            return;
+            return Ok(());
         }
-        let n = checked_numel(dims);
+        let n = crate::error::checked_numel(dims, dtype.item_size(), &format!("a {dtype} tensor"))?;
         let fits = if dtype == DataType::String || self.dtype == DataType::String {
-            dtype == self.dtype && self.offset + n <= self.capacity_elems()
+            dtype == self.dtype
+                && self
+                    .offset
+                    .checked_add(n)
+                    .is_some_and(|e| e <= self.capacity_elems())
         } else {
             let bytes = n.saturating_mul(dtype.item_size());
             let start = self.offset * self.dtype.item_size();
             start.is_multiple_of(dtype.item_size())
-                && start + bytes <= self.storage.buffer().byte_len()
+                && start
+                    .checked_add(bytes)
+                    .is_some_and(|e| e <= self.storage.buffer().byte_len())
                 && self.owns_buffer()
         };
         if fits {
@@ -828,8 +874,9 @@ impl Tensor {
             self.dims.clear();
             self.dims.extend_from_slice(dims);
         } else {
-            *self = Tensor::new(dtype, dims);
+            *self = Tensor::try_new(dtype, dims)?;
         }
+        Ok(())
     }
 
     /// [`reset`](Self::reset) to `T` and `dims`, then the elements for writing.
@@ -839,6 +886,18 @@ impl Tensor {
             Ok(s) => s,
             Err(_) => unreachable_unique(),
         }
+    }
+
+    /// [`ensure`](Self::ensure) for shapes from arguments or input values: an
+    /// [`Error::OutOfMemory`] when no buffer of that shape can be had.
+    pub fn try_ensure<T: Element>(&mut self, dims: &[usize]) -> Result<&mut [T]> {
+        self.try_reset(T::DTYPE, dims)?;
+        self.as_mut_slice::<T>()
+    }
+
+    /// [`resize`](Self::resize) for shapes from user input (see [`try_reset`](Self::try_reset)).
+    pub fn try_resize(&mut self, dims: &[usize]) -> Result<()> {
+        self.try_reset(self.dtype, dims)
     }
 
     /// Changes the shape keeping dtype (Caffe2's `Resize`): see [`reset`](Self::reset).
@@ -1289,5 +1348,26 @@ mod tests {
         };
         let e = Tensor::from_proto(&p).unwrap_err().to_string();
         assert!(e.contains("needs 3 values"), "{e}");
+    }
+
+    #[test]
+    fn try_new_and_try_ensure_refuse_what_no_memory_holds_and_keep_the_tensor() {
+        use crate::error::ErrorKind;
+        // Overflowing element count, overflowing byte size, and a size past any address space
+        // (the allocator returns null: an error, not an abort).
+        for dims in [&[usize::MAX, 2][..], &[1 << 62], &[1 << 50, 1 << 4]] {
+            let e = Tensor::try_new(DataType::Float, dims).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::OutOfMemory, "{dims:?}: {e}");
+        }
+        let e = Tensor::try_new(DataType::String, &[1 << 60]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::OutOfMemory, "{e}");
+        let mut t = Tensor::from_slice(&[2], &[1.0f32, 2.0]).unwrap();
+        let e = t.try_ensure::<f32>(&[1 << 40, 1 << 20]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::OutOfMemory, "{e}");
+        assert_eq!(t.dims(), &[2]);
+        assert_eq!(t.as_slice::<f32>().unwrap(), &[1.0, 2.0]);
+        assert_eq!(t.try_ensure::<f32>(&[0, 7]).unwrap().len(), 0);
+        assert_eq!(t.dims(), &[0, 7]);
+        assert_eq!(Tensor::try_new(DataType::Int64, &[3]).unwrap().numel(), 3);
     }
 }

@@ -5,7 +5,7 @@
 
 use super::conv_args::{Geometry, Order};
 use crate::bail;
-use crate::error::Result;
+use crate::error::{try_vec, Error, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 
@@ -43,9 +43,24 @@ impl Dims {
     fn kdim(&self) -> usize {
         self.cg() * self.kh * self.kw
     }
+    /// Output pixels per image (saturating: exact whenever an output is not empty, which
+    /// is when it is used).
     fn spatial_out(&self) -> usize {
-        self.oh * self.ow
+        self.oh.saturating_mul(self.ow)
     }
+    /// Elements of the per-image column matrix, checked (the output size is the user's).
+    fn col_len(&self) -> Result<usize> {
+        self.kdim()
+            .checked_mul(self.spatial_out())
+            .ok_or_else(|| too_large("the column buffer", self))
+    }
+}
+
+fn too_large(what: &str, d: &Dims) -> Error {
+    Error::OutOfMemory(format!(
+        "{what} of a convolution with output {}x{} and kernel {}x{} is too large to allocate",
+        d.oh, d.ow, d.kh, d.kw
+    ))
 }
 
 struct Conv {
@@ -123,15 +138,20 @@ impl Conv {
         };
         let (xs, ws) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
         let y_dims = self.g.dims(d.n, d.m, d.oh, d.ow);
-        let y = outs.tensor(0)?.ensure::<f32>(&y_dims);
+        let y = outs.tensor(0)?.try_ensure::<f32>(&y_dims)?;
+        if y.is_empty() {
+            // No image, no output channel or no output pixel: an empty Y of the right shape.
+            return Ok(());
+        }
         if d.group == d.c && d.m == d.c && self.g.order == Order::Nhwc {
             depthwise(&self.g, &d, xs, ws, bias, y);
             return Ok(());
         }
         let (kd, so, mg) = (d.kdim(), d.spatial_out(), d.mg());
-        let mut col = vec![0f32; kd * so];
+        let mut col = try_vec(d.col_len()?, 0f32, "the column buffer")?;
         let mut tmp = if self.g.order == Order::Nhwc && d.group > 1 {
-            vec![0f32; so * mg]
+            // so * mg <= so * m = one image of Y, which is allocated already.
+            try_vec(so * mg, 0f32, "the group buffer")?
         } else {
             Vec::new()
         };
@@ -222,18 +242,25 @@ impl Conv {
             dy.as_slice::<f32>()?,
         );
         let (kd, so, mg) = (d.kdim(), d.spatial_out(), d.mg());
-        let mut dw = vec![0f32; ws.len()];
-        let mut db = vec![0f32; d.m];
+        let mut dw = try_vec(ws.len(), 0f32, "dW")?;
+        let mut db = try_vec(d.m, 0f32, "db")?;
         let want_dx = n_out > if self.no_bias { 1 } else { 2 };
         let mut dx = if want_dx {
-            vec![0f32; xs.len()]
+            try_vec(xs.len(), 0f32, "dX")?
         } else {
             Vec::new()
         };
-        let mut col = vec![0f32; kd * so];
-        let mut gg = vec![0f32; so * mg];
-        let img_out = d.m * so;
-        for img in 0..d.n {
+        // No image: dW, db and dX are zeros (the column buffers would be of no use).
+        let n_imgs = if g.is_empty() { 0 } else { d.n };
+        let (col_len, gg_len) = if n_imgs == 0 {
+            (0, 0)
+        } else {
+            (d.col_len()?, so * mg)
+        };
+        let mut col = try_vec(col_len, 0f32, "the column buffer")?;
+        let mut gg = try_vec(gg_len, 0f32, "the group buffer")?;
+        let img_out = d.m.saturating_mul(so);
+        for img in 0..n_imgs {
             let gi_all = &g[img * img_out..(img + 1) * img_out];
             for gi in 0..d.group {
                 // dY of this group as [mg, so] (NCHW) or [so, mg] (NHWC).
@@ -274,26 +301,32 @@ impl Conv {
                         *acc += gi_all[m * so..(m + 1) * so].iter().sum::<f32>();
                     }
                 }
-                Order::Nhwc => {
+                Order::Nhwc if d.m > 0 => {
                     for row in gi_all.chunks(d.m) {
                         for (acc, v) in db.iter_mut().zip(row) {
                             *acc += v;
                         }
                     }
                 }
+                // No output channel: no bias gradient to add up.
+                Order::Nhwc => {}
             }
         }
         let w_dims = w.dims().to_vec();
         let x_dims = x.dims().to_vec();
-        outs.tensor(0)?.ensure::<f32>(&w_dims).copy_from_slice(&dw);
+        outs.tensor(0)?
+            .try_ensure::<f32>(&w_dims)?
+            .copy_from_slice(&dw);
         let mut next = 1;
         if !self.no_bias {
-            outs.tensor(1)?.ensure::<f32>(&[d.m]).copy_from_slice(&db);
+            outs.tensor(1)?
+                .try_ensure::<f32>(&[d.m])?
+                .copy_from_slice(&db);
             next = 2;
         }
         if want_dx {
             outs.tensor(next)?
-                .ensure::<f32>(&x_dims)
+                .try_ensure::<f32>(&x_dims)?
                 .copy_from_slice(&dx);
         }
         Ok(())

@@ -55,13 +55,20 @@ fn pair(
     Ok([v, v])
 }
 
+/// A geometry value: non-negative, and an `int` as Caffe2 read it (`GetSingleArgument<int>`
+/// refused larger values), which also keeps the window arithmetic far from overflowing.
 fn non_negative(init: &OpInit<'_>, what: &str, v: i64) -> Result<usize> {
-    usize::try_from(v).map_err(|_| {
-        err!(
+    if v < 0 {
+        bail!(op = init, BadArgument: "{what} must not be negative, got {v}");
+    }
+    if i32::try_from(v).is_err() {
+        bail!(
             op = init,
-            BadArgument: "{what} must not be negative, got {v}"
-        )
-    })
+            BadArgument: "Value {v} of argument {what} cannot be represented correctly in a \
+             target type (int)"
+        );
+    }
+    usize::try_from(v).map_err(|_| err!(op = init, BadArgument: "{what} out of range: {v}"))
 }
 
 impl Geometry {
@@ -141,19 +148,8 @@ impl Geometry {
 
     /// Output spatial size for input (h, w) and kernel (kh, kw).
     pub fn out_size(&self, h: usize, w: usize, kh: usize, kw: usize) -> Result<(usize, usize)> {
-        let f = |inp: usize, k: usize, d: usize, p0: usize, p1: usize, s: usize| -> Result<usize> {
-            let dk = d * (k.max(1) - 1) + 1;
-            let padded = inp + p0 + p1;
-            if padded < dk {
-                bail!(
-                    ShapeMismatch: "kernel of extent {dk} does not fit the padded input of size \
-                     {padded}"
-                );
-            }
-            Ok((padded - dk) / s + 1)
-        };
         Ok((
-            f(
+            out_extent(
                 h,
                 kh,
                 self.dilation[0],
@@ -161,7 +157,7 @@ impl Geometry {
                 self.pad[2],
                 self.stride[0],
             )?,
-            f(
+            out_extent(
                 w,
                 kw,
                 self.dilation[1],
@@ -178,5 +174,58 @@ impl Geometry {
             Order::Nchw => vec![n, c, h, w],
             Order::Nhwc => vec![n, h, w, c],
         }
+    }
+}
+
+/// The output extent of a window of `k` taps dilated by `d` sliding with stride `s` over `inp`
+/// values padded by `p0` and `p1`: `(inp + p0 + p1 - (d * (k - 1) + 1)) / s + 1`, all in checked
+/// arithmetic (an error, never a wrapped size).
+pub fn out_extent(inp: usize, k: usize, d: usize, p0: usize, p1: usize, s: usize) -> Result<usize> {
+    let dk = d
+        .checked_mul(k.max(1) - 1)
+        .and_then(|v| v.checked_add(1))
+        .ok_or_else(|| err!(BadArgument: "dilated kernel extent {d} * ({k} - 1) + 1 overflows"))?;
+    let padded = inp
+        .checked_add(p0)
+        .and_then(|v| v.checked_add(p1))
+        .ok_or_else(|| err!(BadArgument: "padded input {inp} + {p0} + {p1} overflows"))?;
+    if s == 0 {
+        bail!(BadArgument: "stride must be positive");
+    }
+    if padded < dk {
+        // Caffe2 truncates `(padded - dk) / s + 1` toward zero: a kernel that overhangs by at
+        // most one stride gives an empty output (an empty input with a 1-wide kernel, say).
+        if dk - padded <= s {
+            return Ok(0);
+        }
+        bail!(
+            ShapeMismatch: "kernel of extent {dk} does not fit the padded input of size {padded}"
+        );
+    }
+    (padded - dk)
+        .checked_div(s)
+        .and_then(|v| v.checked_add(1))
+        .ok_or_else(|| err!(BadArgument: "output size overflows"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    #[test]
+    fn out_extent_follows_caffe2_and_refuses_overflow() {
+        // (5 + 1 + 1 - (2 * (3 - 1) + 1)) / 2 + 1 = 2
+        assert_eq!(out_extent(5, 3, 2, 1, 1, 2).unwrap(), 2);
+        assert_eq!(out_extent(0, 1, 1, 1, 0, 1).unwrap(), 1);
+        // An empty input, a 1-wide kernel: an empty output, as Caffe2 computes it.
+        assert_eq!(out_extent(0, 1, 1, 0, 0, 1).unwrap(), 0);
+        assert_eq!(out_extent(1, 3, 1, 0, 0, 2).unwrap(), 0);
+        let e = out_extent(1, usize::MAX, 2, 0, 0, 1).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::BadArgument, "{e}");
+        let e = out_extent(1, 1, 1, usize::MAX, 1, 1).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::BadArgument, "{e}");
+        let e = out_extent(2, 5, 1, 0, 0, 1).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ShapeMismatch, "{e}");
     }
 }

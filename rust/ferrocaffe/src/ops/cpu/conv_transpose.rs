@@ -101,11 +101,15 @@ impl ConvTranspose {
         };
         let g = &self.g;
         let (xs, ws) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
+        let y_dims = g.dims(n, cout, d.h, d.w);
+        let y = outs.tensor(0)?.try_ensure::<f32>(&y_dims)?;
+        y.fill(0.0);
+        if y.is_empty() {
+            // No image or no output channel: an empty Y of the right shape.
+            return Ok(());
+        }
         let (kd, so) = Self::col_len(&d)?;
         let mut col = try_vec(kd * so, 0f32, "ConvTranspose column buffer")?;
-        let y_dims = g.dims(n, cout, d.h, d.w);
-        let y = outs.tensor(0)?.ensure::<f32>(&y_dims);
-        y.fill(0.0);
         for img in 0..n {
             let xi = &xs[img * cin * so..(img + 1) * cin * so];
             match g.order {

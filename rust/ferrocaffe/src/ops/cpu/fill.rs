@@ -156,19 +156,19 @@ struct ConstantFill {
     value: Constant,
 }
 
-fn fill_constant(t: &mut Tensor, dims: &[usize], v: &Constant) {
+fn fill_constant(t: &mut Tensor, dims: &[usize], v: &Constant) -> Result<()> {
     match v {
-        Constant::F32(x) => t.ensure::<f32>(dims).fill(*x),
-        Constant::F64(x) => t.ensure::<f64>(dims).fill(*x),
-        Constant::I32(x) => t.ensure::<i32>(dims).fill(*x),
-        Constant::I64(x) => t.ensure::<i64>(dims).fill(*x),
-        Constant::I16(x) => t.ensure::<i16>(dims).fill(*x),
-        Constant::I8(x) => t.ensure::<i8>(dims).fill(*x),
-        Constant::U8(x) => t.ensure::<u8>(dims).fill(*x),
-        Constant::U16(x) => t.ensure::<u16>(dims).fill(*x),
-        Constant::Bool(x) => t.ensure::<bool>(dims).fill(*x),
+        Constant::F32(x) => t.try_ensure::<f32>(dims)?.fill(*x),
+        Constant::F64(x) => t.try_ensure::<f64>(dims)?.fill(*x),
+        Constant::I32(x) => t.try_ensure::<i32>(dims)?.fill(*x),
+        Constant::I64(x) => t.try_ensure::<i64>(dims)?.fill(*x),
+        Constant::I16(x) => t.try_ensure::<i16>(dims)?.fill(*x),
+        Constant::I8(x) => t.try_ensure::<i8>(dims)?.fill(*x),
+        Constant::U8(x) => t.try_ensure::<u8>(dims)?.fill(*x),
+        Constant::U16(x) => t.try_ensure::<u16>(dims)?.fill(*x),
+        Constant::Bool(x) => t.try_ensure::<bool>(dims)?.fill(*x),
         Constant::Str(s) => {
-            t.reset(DataType::String, dims);
+            t.try_reset(DataType::String, dims)?;
             if let Ok(v) = t.as_strings_mut() {
                 for e in v {
                     e.clone_from(s);
@@ -176,12 +176,13 @@ fn fill_constant(t: &mut Tensor, dims: &[usize], v: &Constant) {
             }
         }
     }
+    Ok(())
 }
 
 impl Operator for ConstantFill {
     fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
         let dims = self.shape.resolve(ctx)?;
-        fill_constant(ctx.output(0)?, &dims, &self.value);
+        fill_constant(ctx.output(0)?, &dims, &self.value)?;
         Ok(())
     }
 }
@@ -354,28 +355,28 @@ impl Operator for RandomFill {
         }
         match kind {
             RandomKind::UniformInt => {
-                for v in out.ensure::<i32>(&dims) {
+                for v in out.try_ensure::<i32>(&dims)? {
                     *v = rng.uniform_int(lo as i64, hi as i64) as i32;
                 }
             }
             RandomKind::Range => match dtype {
                 DataType::Double => {
-                    for (i, v) in out.ensure::<f64>(&dims).iter_mut().enumerate() {
+                    for (i, v) in out.try_ensure::<f64>(&dims)?.iter_mut().enumerate() {
                         *v = i as f64;
                     }
                 }
                 DataType::Int32 => {
-                    for (i, v) in out.ensure::<i32>(&dims).iter_mut().enumerate() {
+                    for (i, v) in out.try_ensure::<i32>(&dims)?.iter_mut().enumerate() {
                         *v = i as i32;
                     }
                 }
                 DataType::Int64 => {
-                    for (i, v) in out.ensure::<i64>(&dims).iter_mut().enumerate() {
+                    for (i, v) in out.try_ensure::<i64>(&dims)?.iter_mut().enumerate() {
                         *v = i as i64;
                     }
                 }
                 _ => {
-                    for (i, v) in out.ensure::<f32>(&dims).iter_mut().enumerate() {
+                    for (i, v) in out.try_ensure::<f32>(&dims)?.iter_mut().enumerate() {
                         *v = i as f32;
                     }
                 }
@@ -419,17 +420,17 @@ fn fill_f(
 ) -> Result<()> {
     match dtype {
         DataType::Double => {
-            for (i, v) in out.ensure::<f64>(dims).iter_mut().enumerate() {
+            for (i, v) in out.try_ensure::<f64>(dims)?.iter_mut().enumerate() {
                 *v = f(i) as f64;
             }
         }
         DataType::Float16 => {
-            for (i, v) in out.ensure::<f16>(dims).iter_mut().enumerate() {
+            for (i, v) in out.try_ensure::<f16>(dims)?.iter_mut().enumerate() {
                 *v = f16::from_f32(f(i));
             }
         }
         _ => {
-            for (i, v) in out.ensure::<f32>(dims).iter_mut().enumerate() {
+            for (i, v) in out.try_ensure::<f32>(dims)?.iter_mut().enumerate() {
                 *v = f(i);
             }
         }

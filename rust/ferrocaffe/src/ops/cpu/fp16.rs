@@ -69,7 +69,7 @@ fn create_fill(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let value = f16::from_f32(init.args.float("value", 0.0)?);
     let shape = init.args.sizes("shape")?;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
-        ctx.output(0)?.ensure::<f16>(&shape).fill(value);
+        ctx.output(0)?.try_ensure::<f16>(&shape)?.fill(value);
         Ok(())
     })))
 }

@@ -76,7 +76,9 @@ impl Pool {
         } else {
             (self.g.pad[2], self.g.pad[3])
         };
-        let mut idx = Vec::with_capacity(kh * kw);
+        // A window holds at most min(kh, h) x min(kw, w) elements of the input, whatever the
+        // kernel argument says.
+        let mut idx = Vec::with_capacity(kh.min(h).saturating_mul(kw.min(w)));
         for img in 0..n {
             for ch in 0..c {
                 for oy in 0..oh {
@@ -122,7 +124,7 @@ impl Operator for Pool {
         let xs = x.as_slice::<f32>()?;
         let y_dims = self.g.dims(n, c, oh, ow);
         if !self.gradient {
-            let y = outs.tensor(0)?.ensure::<f32>(&y_dims);
+            let y = outs.tensor(0)?.try_ensure::<f32>(&y_dims)?;
             let max = self.max;
             self.windows(s, |o, win, div| {
                 y[o] = if max {

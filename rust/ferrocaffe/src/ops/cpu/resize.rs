@@ -112,7 +112,7 @@ fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         let (n, c, h, w) = (d[0], d[1], d[2], d[3]);
         let (oh, ow) = ((h as f32 * hs) as usize, (w as f32 * ws) as usize);
         let xs = x.as_slice::<f32>()?;
-        let y = outs.tensor(0)?.ensure::<f32>(&[n, c, oh, ow]);
+        let y = outs.tensor(0)?.try_ensure::<f32>(&[n, c, oh, ow])?;
         let rh = if oh > 1 {
             (h as f32 - 1.0) / (oh as f32 - 1.0)
         } else {

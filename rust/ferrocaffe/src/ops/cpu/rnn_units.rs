@@ -174,8 +174,13 @@ impl Unit {
         let d = *hd
             .last()
             .ok_or_else(|| err!(ShapeMismatch: "hidden state must not be 0-d"))?;
-        let n = ctx.input(0)?.numel().checked_div(d).unwrap_or(0);
-        if ctx.input(gates_i)?.numel() != n * gates * d {
+        // N is the product of the leading dims (not numel / D, which is undefined for D = 0);
+        // it is exact whenever the state holds values, and only compared otherwise.
+        let n = hd[..hd.len() - 1]
+            .iter()
+            .try_fold(1usize, |a, &v| a.checked_mul(v))
+            .unwrap_or(usize::MAX);
+        if ctx.input(gates_i)?.numel() != n.saturating_mul(gates).saturating_mul(d) {
             bail!(
                 ShapeMismatch: "gates must hold N x {gates}D values (N = {n}, D = {d}), got shape \
                  {:?}",
@@ -183,6 +188,18 @@ impl Unit {
             );
         }
         Ok((hd, n, d))
+    }
+
+    /// With no row or no hidden unit there is nothing to compute: every output gets its
+    /// (empty) shape, as in Caffe2. True when that was the case.
+    fn empty_run(ctx: &mut OpContext<'_>, n: usize, d: usize, shapes: &[&[usize]]) -> Result<bool> {
+        if n != 0 && d != 0 {
+            return Ok(false);
+        }
+        for (j, dims) in shapes.iter().enumerate().take(ctx.num_outputs()) {
+            ctx.output(j)?.try_ensure::<f32>(dims)?;
+        }
+        Ok(true)
     }
 
     fn check_len(ctx: &OpContext<'_>, i: usize, len: usize, what: &str) -> Result<()> {
@@ -197,11 +214,19 @@ impl Unit {
 
     fn lstm(&self, ctx: &mut OpContext<'_>) -> Result<()> {
         let (hd, n, d) = Self::sizes(ctx, 2, 4)?;
-        Self::check_len(ctx, 1, n * d, "the cell state")?;
+        Self::check_len(ctx, 1, n.saturating_mul(d), "the cell state")?;
         let off = self.seq as usize;
+        let xd = ctx.input(2)?.dims().to_vec();
+        let shapes: &[&[usize]] = if self.gradient {
+            &[&hd, &hd, &xd]
+        } else {
+            &[&hd, &hd]
+        };
+        if Self::empty_run(ctx, n, d, shapes)? {
+            return Ok(());
+        }
         let valid = self.valid(ctx, 3, 3 + off, n)?;
         let (fb, drop) = (self.forget_bias, self.drop_states);
-        let xd = ctx.input(2)?.dims().to_vec();
         if !self.gradient {
             let (ins, mut outs) = ctx.split();
             let h_prev = ins.tensor(0)?.as_slice::<f32>()?;
@@ -304,9 +329,13 @@ impl Unit {
     fn gru(&self, ctx: &mut OpContext<'_>) -> Result<()> {
         let (hd, n, d) = Self::sizes(ctx, 1, 3)?;
         let off = self.seq as usize;
+        let xd = ctx.input(1)?.dims().to_vec();
+        let shapes: &[&[usize]] = if self.gradient { &[&hd, &xd] } else { &[&hd] };
+        if Self::empty_run(ctx, n, d, shapes)? {
+            return Ok(());
+        }
         let valid = self.valid(ctx, 2, 2 + off, n)?;
         let drop = self.drop_states;
-        let xd = ctx.input(1)?.dims().to_vec();
         if !self.gradient {
             let (ins, mut outs) = ctx.split();
             let h_prev = ins.tensor(0)?.as_slice::<f32>()?;

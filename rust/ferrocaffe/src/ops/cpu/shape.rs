@@ -365,14 +365,17 @@ fn create_concat(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         if add_axis {
             out_dims.insert(ax, n);
         } else {
-            out_dims[ax] = sizes.iter().sum();
+            out_dims[ax] = sizes
+                .iter()
+                .try_fold(0usize, |a, &s| a.checked_add(s))
+                .ok_or_else(|| err!(BadArgument: "the concatenated dimension overflows"))?;
         }
         let outer: usize = out_dims[..ax].iter().product();
         let inner: usize = out_dims[ax + 1..].iter().product();
         let total_axis: usize = out_dims[ax];
         dispatch!(first.dtype(), [Float => f32, Double => f64, Int32 => i32, Int64 => i64,
             Bool => bool, Uint8 => u8, Int8 => i8, Int16 => i16, Uint16 => u16, Float16 => half::f16], |T| {
-            let y = outs.tensor(0)?.ensure::<T>(&out_dims);
+            let y = outs.tensor(0)?.try_ensure::<T>(&out_dims)?;
             let mut off = 0;
             for (i, &s) in sizes.iter().enumerate() {
                 let xs = ins.tensor(i)?.as_slice::<T>()?;
@@ -435,7 +438,10 @@ fn create_split(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
                 vec![dim / n_out; n_out]
             }
         };
-        let total: usize = sizes.iter().sum();
+        let total = sizes
+            .iter()
+            .try_fold(0usize, |a, &s| a.checked_add(s))
+            .ok_or_else(|| err!(BadArgument: "the sum of the split sizes overflows"))?;
         if total != dim {
             bail!(
                 ShapeMismatch: "Sum of split dimensions do not match: should be {dim}, got {total}"
@@ -454,7 +460,7 @@ fn create_split(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
                 } else {
                     od[ax] = s;
                 }
-                let y = outs.tensor(j)?.ensure::<T>(&od);
+                let y = outs.tensor(j)?.try_ensure::<T>(&od)?;
                 for o in 0..outer {
                     let src = (o * dim + off) * inner;
                     y[o * s * inner..(o + 1) * s * inner].copy_from_slice(&xs[src..src + s * inner]);
@@ -609,8 +615,12 @@ fn create_tile(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
             od[ax] /= tiles.max(1);
             let small = block / tiles.max(1);
             let g = x.as_slice::<f32>()?;
-            let dx = outs.tensor(0)?.ensure::<f32>(&od);
+            let dx = outs.tensor(0)?.try_ensure::<f32>(&od)?;
             dx.fill(0.0);
+            if g.is_empty() {
+                // Nothing to add up (the loops below would run `tiles` times for nothing).
+                return Ok(());
+            }
             for o in 0..outer {
                 for t in 0..tiles {
                     let src = o * block + t * small;
@@ -622,11 +632,17 @@ fn create_tile(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
             return Ok(());
         }
         let mut od = d.clone();
-        od[ax] *= tiles;
+        od[ax] = od[ax].checked_mul(tiles).ok_or_else(
+            || err!(BadArgument: "dimension {} of shape {d:?} times tiles {tiles} overflows", ax),
+        )?;
         dispatch!(x.dtype(), [Float => f32, Double => f64, Int32 => i32, Int64 => i64,
             Bool => bool, Uint8 => u8], |T| {
             let xs = x.as_slice::<T>()?;
-            let y = outs.tensor(0)?.ensure::<T>(&od);
+            let y = outs.tensor(0)?.try_ensure::<T>(&od)?;
+            if y.is_empty() {
+                // An empty output: the copies below would be `outer * tiles` empty ones.
+                return Ok(());
+            }
             for o in 0..outer {
                 for t in 0..tiles {
                     let dst = (o * tiles + t) * block;

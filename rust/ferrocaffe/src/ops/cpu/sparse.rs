@@ -260,6 +260,14 @@ fn lengths(t: &Tensor) -> Result<Vec<usize>> {
         .collect()
 }
 
+/// The sum of `lens`, an error when it overflows (a wrapped sum could match the data and let
+/// a segment loop run for ever).
+fn total_length(lens: &[usize]) -> Result<usize> {
+    lens.iter()
+        .try_fold(0usize, |a, &l| a.checked_add(l))
+        .ok_or_else(|| err!(BadArgument: "the sum of the lengths overflows"))
+}
+
 /// (Sparse)Lengths{Sum,Mean,WeightedSum}. Inputs: DATA, [WEIGHTS], [INDICES], LENGTHS.
 fn lengths_reduce(ctx: &mut OpContext<'_>, red: Red, sparse: bool) -> Result<()> {
     let (ins, mut outs) = ctx.split();
@@ -279,7 +287,7 @@ fn lengths_reduce(ctx: &mut OpContext<'_>, red: Red, sparse: bool) -> Result<()>
         None
     };
     let lens = lengths(ins.tensor(k)?)?;
-    let total: usize = lens.iter().sum();
+    let total = total_length(&lens)?;
     let n_items = idx.as_ref().map_or(n_rows, Vec::len);
     if total != n_items {
         bail!(
@@ -328,7 +336,7 @@ fn lengths_grad(ctx: &mut OpContext<'_>, red: Red) -> Result<()> {
     if n_seg != lens.len() {
         bail!(ShapeMismatch: "dY has {n_seg} rows for {} lengths", lens.len());
     }
-    let total: usize = lens.iter().sum();
+    let total = total_length(&lens)?;
     let weights = if red == Red::Weighted {
         let w = ins.tensor(0)?.as_slice::<f32>()?;
         if w.len() != total {
@@ -388,7 +396,7 @@ fn weighted_grad_with_main_input(ctx: &mut OpContext<'_>) -> Result<()> {
     if dy_block != block {
         bail!(ShapeMismatch: "dY rows have {dy_block} values, DATA rows {block}");
     }
-    let total: usize = lens.iter().sum();
+    let total = total_length(&lens)?;
     if total != idx.len() {
         bail!(
             ShapeMismatch: "Your input seems to be incorrect: the sum of lengths values should be \
@@ -449,7 +457,8 @@ fn unsorted_segment(ctx: &mut OpContext<'_>, num: i64, mean: bool) -> Result<()>
     let mut od = data.dims().to_vec();
     od[0] = n_seg;
     let mut counts = try_vec(if mean { n_seg } else { 0 }, 0u64, "segment counts")?;
-    let y = outs.tensor(0)?.ensure::<f32>(&od);
+    // The segment count comes from an argument or the ids: allocated fallibly.
+    let y = outs.tensor(0)?.try_ensure::<f32>(&od)?;
     y.fill(0.0);
     for (r, &s) in ids.iter().enumerate() {
         let s = usize::try_from(s)
@@ -623,7 +632,7 @@ fn sparse_to_dense(ctx: &mut OpContext<'_>) -> Result<()> {
         idx.iter()
             .copied()
             .max()
-            .map_or(0, |m| (m + 1).max(0) as usize)
+            .map_or(0, |m| usize::try_from(m.saturating_add(1)).unwrap_or(0))
     };
     let block = values.numel().checked_div(idx.len()).unwrap_or(0);
     let mut od = values.dims().to_vec();
@@ -632,7 +641,8 @@ fn sparse_to_dense(ctx: &mut OpContext<'_>) -> Result<()> {
     }
     od[0] = first;
     let src = values.as_slice::<f32>()?;
-    let y = outs.tensor(0)?.ensure::<f32>(&od);
+    // The first dim comes from index values: a size no memory holds is an error.
+    let y = outs.tensor(0)?.try_ensure::<f32>(&od)?;
     y.fill(0.0);
     for (k, &i) in idx.iter().enumerate() {
         let i = usize::try_from(i)
