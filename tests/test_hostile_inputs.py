@@ -171,11 +171,12 @@ def test_sparse_to_dense_with_a_huge_index_is_a_memory_error():
 
 
 def test_conv_transpose_with_a_huge_adj_is_a_memory_error():
+    # adj must stay below the stride (Caffe2's check), so both are large.
     res = run_isolated(
         """
         outcome("ConvTranspose", {"X": np.ones((1, 1, 2, 2), f32),
                                   "W": np.ones((1, 1, 1, 1), f32)}, ["Y"],
-                kernel=1, adj=1 << 40)
+                kernel=1, stride=1 << 30, adj=1 << 29)
         """
     )
     assert_memory_error(res, "ConvTranspose", "Y")
