@@ -310,7 +310,8 @@ class Runner:
 
         for step in plan.execution_step:
             clamp(step)
-        return plan.SerializeToString()
+        # Partial: a mutation may leave required fields of nested messages unset.
+        return plan.SerializePartialToString()
 
     @staticmethod
     def _call(fn, verbose=False):
@@ -343,7 +344,11 @@ def worker(seed, start, end, memory_gb):
     for i in range(start, end):
         out.write(f"S {i}\n")
         out.flush()
-        problem = runner.case(seed, i)
+        try:
+            problem = runner.case(seed, i)
+        except Exception as e:  # noqa: BLE001 - a fault of the harness, not of the engine
+            out.write(f"H {i} {type(e).__name__}: {str(e)[:200]}\n".replace("\n", " ") + "\n")
+            continue
         if problem:
             out.write(f"P {i} {problem}\n")
     out.write("D\n")
@@ -390,9 +395,10 @@ class Worker:
             if line.startswith("S "):
                 self.current = int(line.split()[1])
                 self.started_at = time.monotonic()
-            elif line.startswith("P "):
+            elif line.startswith(("P ", "H ")):
                 _, i, msg = line.rstrip("\n").split(" ", 2)
-                self.failures.append(("panic", int(i), msg))
+                kind = "panic" if line.startswith("P") else "harness"
+                self.failures.append((kind, int(i), msg))
             elif line.startswith("D"):
                 self.proc.wait()
                 return True
@@ -428,7 +434,9 @@ def run(args) -> int:
     failures = sorted(f for x in workers for f in x.failures)
     for kind, i, msg in failures:
         print(f"{kind} {args.seed}:{i} {msg}")
-    count = {k: sum(1 for f in failures if f[0] == k) for k in ("panic", "abort", "hang")}
+    count = {
+        k: sum(1 for f in failures if f[0] == k) for k in ("panic", "abort", "hang", "harness")
+    }
     took = time.monotonic() - t0
     print(
         f"{n} cases, {count['panic']} panics, {count['abort']} aborts, {count['hang']} hangs "
