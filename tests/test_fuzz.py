@@ -84,3 +84,14 @@ def test_an_op_given_fewer_blobs_than_its_kernel_reads_raises(op_type, inputs, o
         workspace.RunOperatorOnce(op)
     assert "panicked" not in str(e.value)
     assert op_type in str(e.value)
+
+
+def test_sparse_to_dense_with_fewer_indices_than_value_rows_raises():
+    # Found by the fuzzer (seed 5, case 18816): one index for two rows of values indexed past
+    # the output and panicked.
+    workspace.FeedBlob("i", np.array(3, np.int8))
+    workspace.FeedBlob("v", np.ones((2, 7), np.float32))
+    op = core.CreateOperator("SparseToDense", ["i", "v"], ["y"])
+    with pytest.raises(RuntimeError, match="indices for 2 rows") as e:
+        workspace.RunOperatorOnce(op)
+    assert "panicked" not in str(e.value)

@@ -634,11 +634,21 @@ fn sparse_to_dense(ctx: &mut OpContext<'_>) -> Result<()> {
             .max()
             .map_or(0, |m| usize::try_from(m.saturating_add(1)).unwrap_or(0))
     };
-    let block = values.numel().checked_div(idx.len()).unwrap_or(0);
     let mut od = values.dims().to_vec();
     if od.is_empty() {
         bail!(ShapeMismatch: "values must have at least one dimension");
     }
+    // As Caffe2: one row of values per index (found by fuzzing: a scalar index with two rows
+    // of values indexed past the output).
+    if od[0] != idx.len() {
+        bail!(
+            ShapeMismatch: "{} indices for {} rows of values (shape {:?})",
+            idx.len(),
+            od[0],
+            values.dims()
+        );
+    }
+    let block = values.size_from_dim(1);
     od[0] = first;
     let src = values.as_slice::<f32>()?;
     // The first dim comes from index values: a size no memory holds is an error.
