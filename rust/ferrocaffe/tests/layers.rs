@@ -54,7 +54,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "ops",
             ][..],
         ),
-        ("plan", &["error", "proto", "workspace"][..]),
+        ("plan", &["error", "proto", "workspace", "net"][..]),
         (
             "rnn",
             &[
