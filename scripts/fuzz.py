@@ -249,11 +249,13 @@ class Runner:
                 self._call(lambda n=name, a=arr: self.ws.FeedBlob(n, a))
         problems = [self._call(lambda: self.ws.RunOperatorOnce(op), verbose)]
         if rs.rand() < 0.3:
-            net = self.core.Net("fuzz")
-            net.Proto().op.extend([op, op])
+            # A NetDef, not core.Net: core.Net keeps every name it gave out, as Caffe2 did,
+            # and looks for a free one linearly, which a million cases would make quadratic.
+            net = self.pb.NetDef(name="fuzz")
+            net.op.extend([op, op])
             if rs.rand() < 0.5:
-                net.Proto().type = "dag"
-                net.Proto().num_workers = int(rs.choice([1, 2, 4, 64]))
+                net.type = "dag"
+                net.num_workers = int(rs.choice([1, 2, 4, 64]))
             problems.append(self._call(lambda: self.ws.RunNetOnce(net), verbose))
         return next((p for p in problems if p), None)
 
