@@ -858,38 +858,10 @@ fn create_weighted_sum(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
 
 // ---- Cast ----------------------------------------------------------------------------------
 
-/// The `to` argument of Cast (a `TensorProto.DataType` number or its name), as the CPU.
-fn parse_to(init: &OpInit<'_>) -> Result<DataType> {
-    let arg = init
-        .args
-        .get("to")
-        .ok_or_else(|| err!(op = init, BadArgument: "Cast needs a 'to' argument"))?;
-    if let Some(i) = arg.i {
-        return DataType::from_proto(i).map_err(|e| err!(op = init, BadArgument: e));
-    }
-    let s = init.args.string("to", "")?.to_uppercase();
-    let num = match s.as_str() {
-        "FLOAT" => 1,
-        "INT32" => 2,
-        "BYTE" => 3,
-        "STRING" => 4,
-        "BOOL" => 5,
-        "UINT8" => 6,
-        "INT8" => 7,
-        "UINT16" => 8,
-        "INT16" => 9,
-        "INT64" => 10,
-        "FLOAT16" => 12,
-        "DOUBLE" => 13,
-        _ => bail!(op = init, BadArgument: "Unknown 'to' argument: {s}"),
-    };
-    DataType::from_proto(num).map_err(|e| err!(op = init, BadArgument: e))
-}
-
 /// Cast between float32, int32, int64 and bool on the device (other targets run the CPU
 /// kernel through the fallback).
 fn create_cast(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
-    let to = parse_to(init)?;
+    let to = crate::ops::cpu::cast::parse_to(init)?;
     let Some(to_sfx) = suffix(to) else {
         return crate::cuda::fallback(init);
     };

@@ -15,7 +15,9 @@ pub fn register(r: &mut Registry) {
     r.cpu("Cast", create);
 }
 
-fn parse_to(init: &OpInit<'_>) -> Result<DataType> {
+/// The `to` argument of Cast (a `TensorProto.DataType` number or its name); the CUDA Cast
+/// reads it through this too.
+pub(crate) fn parse_to(init: &OpInit<'_>) -> Result<DataType> {
     let arg = init
         .args
         .get("to")
