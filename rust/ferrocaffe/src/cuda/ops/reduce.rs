@@ -16,7 +16,7 @@ use crate::cuda::op::{device, init_device, input, input_f32, n64, new_tensor, se
 use crate::cuda::{grid, rows, DeviceCtx, BLOCK};
 use crate::cuda_launch;
 use crate::device::DeviceType;
-use crate::error::{checked_numel, Error, Result};
+use crate::error::{Error, Result};
 use crate::ops::cpu::fill::FillShape;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
@@ -801,68 +801,12 @@ fn create_split(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
 // ---------------------------------------------------------------------------------------------
 // Fills.
 
-/// The fill shape rules of the CPU's `FillShape` (which checks the arguments at creation),
-/// reading a shape input that lives on the device.
-struct Shape {
-    shape: Vec<usize>,
-    extra: Vec<usize>,
-    input_as_shape: bool,
-}
-
-impl Shape {
-    fn new(init: &OpInit<'_>) -> Result<Self> {
-        FillShape::new(init)?;
-        Ok(Shape {
-            shape: init.args.sizes("shape")?,
-            extra: init.args.sizes("extra_shape")?,
-            input_as_shape: init.args.bool("input_as_shape", false)?,
-        })
-    }
-
-    fn resolve(&self, ctx: &OpContext<'_>) -> Result<Vec<usize>> {
-        let dims = if ctx.num_inputs() == 0 {
-            self.shape.clone()
-        } else {
-            let input = ctx.input(0)?;
-            let mut dims = if self.input_as_shape {
-                if input.ndim() != 1 {
-                    bail!(
-                        op = ctx,
-                        ShapeMismatch: "When input_as_shape is true, the input must be a 1D \
-                         tensor of data type int64_t"
-                    );
-                }
-                if input.numel() == 0 {
-                    bail!(op = ctx, ShapeMismatch: "input.numel() > 0: the shape input is empty");
-                }
-                let v = input.to_host()?.to_i64_vec().map_err(|_| {
-                    err!(
-                        op = ctx,
-                        DtypeMismatch: "When input_as_shape is true, the input must be a 1D \
-                         tensor of data type int64_t"
-                    )
-                })?;
-                v.into_iter()
-                    .map(|d| {
-                        usize::try_from(d).map_err(|_| {
-                            err!(op = ctx, BadArgument: "negative dimension {d} in the shape input")
-                        })
-                    })
-                    .collect::<Result<Vec<_>>>()?
-            } else {
-                input.dims().to_vec()
-            };
-            dims.extend_from_slice(&self.extra);
-            dims
-        };
-        checked_numel(&dims, 8, "the output")?;
-        Ok(dims)
-    }
-}
+// The fill shape rules are the CPU's `FillShape` (a shape input on the device is read
+// through `Tensor::to_i64_vec`, which copies it to the host).
 
 fn create_constant(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let a = &init.args;
-    let shape = Shape::new(init)?;
+    let shape = FillShape::new(init)?;
     let dtype = if !a.has("dtype") && a.has("value") {
         let v = a.get("value");
         if v.is_some_and(|x| x.f.is_some()) {
@@ -956,7 +900,7 @@ fn stream_seed(seed: Option<u32>) -> u64 {
 }
 
 fn create_random(init: &OpInit<'_>, kind: Rand) -> Result<Box<dyn Operator>> {
-    let shape = Shape::new(init)?;
+    let shape = FillShape::new(init)?;
     let a = &init.args;
     let (lo, hi) = match kind {
         Rand::Uniform => {
