@@ -1,0 +1,178 @@
+"""Time every model of the golden models corpus against the time recorded on Caffe2.
+
+    python benchmarks/bench_models.py [--models a,b] [--profile] [--runs N] [--trials N]
+
+For each predict net: our time (the lowest of ``--trials`` medians of ``--runs`` RunNet calls
+after CreateNet), Caffe2's recorded time (``peer_ms``), the ratio, the ratio normalized by a
+numpy sgemm measured in this run against the one recorded beside Caffe2's time (so a slower or
+busier machine does not count against us), and, for the models whose time is mostly
+convolutions and matrix products, the share of this machine's sgemm rate the model reaches
+(its multiply-add FLOPs over its time, against numpy's 1024^3 sgemm measured here).
+
+``--profile`` also prints, per model, the time of each op type (each op run alone as a one-op
+net, in order, on the workspace the full run left behind) and their share of the total.
+
+The last lines are the geomean of the normalized ratios and the worst model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import math
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from ferrocaffe import workspace  # noqa: E402
+from ferrocaffe.proto import caffe2_pb2  # noqa: E402
+
+CORPUS = ROOT / "tests" / "golden" / "models"
+SGEMM_N = 1024
+
+
+def _net(b64: str) -> caffe2_pb2.NetDef:
+    net = caffe2_pb2.NetDef()
+    net.ParseFromString(base64.b64decode(b64))
+    return net
+
+
+def _inputs(case: dict):
+    from replay.common import array
+
+    return [(m["name"], array("models", m)) for m in case["inputs"]]
+
+
+def sgemm_gflops(runs: int = 7) -> float:
+    r = np.random.RandomState(0)
+    a = r.rand(SGEMM_N, SGEMM_N).astype(np.float32)
+    b = r.rand(SGEMM_N, SGEMM_N).astype(np.float32)
+    a.dot(b)
+    ts = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        a.dot(b)
+        ts.append(time.perf_counter() - t0)
+    return 2.0 * SGEMM_N**3 / float(np.median(ts)) / 1e9
+
+
+def _arg(op, name, default=None):
+    for a in op.arg:
+        if a.name == name:
+            if a.ints:
+                return list(a.ints)
+            return a.i if a.HasField("i") else (a.s.decode() if a.HasField("s") else default)
+    return default
+
+
+def model_flops(pred: caffe2_pb2.NetDef) -> float:
+    """Multiply-add FLOPs (2 per MAC) of the Conv and FC ops, from the shapes the run left."""
+    total = 0.0
+    for op in pred.op:
+        try:
+            if op.type == "Conv":
+                w = workspace.FetchBlob(op.input[1])
+                y = workspace.FetchBlob(op.output[0])
+                order = _arg(op, "order", "NCHW")
+                spatial = y.shape[2:] if order == "NCHW" else y.shape[1:-1]
+                cout = y.shape[1] if order == "NCHW" else y.shape[-1]
+                per_out = int(np.prod(w.shape[1:]))  # cin/groups * kernel
+                total += 2.0 * y.shape[0] * cout * float(np.prod(spatial)) * per_out
+            elif op.type == "FC":
+                w = workspace.FetchBlob(op.input[1])
+                y = workspace.FetchBlob(op.output[0])
+                total += 2.0 * float(np.prod(y.shape)) * w.shape[1]
+        except Exception:  # noqa: BLE001 - a blob the net does not keep: not counted
+            continue
+    return total
+
+
+def time_net(name: str, runs: int, trials: int) -> float:
+    for _ in range(3):
+        workspace.RunNet(name)
+    medians = []
+    for _ in range(trials):
+        ts = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            workspace.RunNet(name)
+            ts.append(time.perf_counter() - t0)
+        medians.append(float(np.median(ts)))
+    return min(medians)
+
+
+def profile(pred: caffe2_pb2.NetDef, runs: int) -> dict[str, float]:
+    """Seconds per op type, each op run alone as a one-op net (median of ``runs``)."""
+    per_type: dict[str, float] = defaultdict(float)
+    for i, op in enumerate(pred.op):
+        net = caffe2_pb2.NetDef()
+        net.name = f"_profile_{i}"
+        net.op.add().CopyFrom(op)
+        workspace.CreateNet(net, overwrite=True)
+        ts = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            workspace.RunNet(net.name)
+            ts.append(time.perf_counter() - t0)
+        per_type[op.type] += float(np.median(ts))
+    return per_type
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--models", help="comma-separated substrings of model names")
+    ap.add_argument("--profile", action="store_true", help="time per op type")
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--trials", type=int, default=3)
+    args = ap.parse_args()
+
+    cases = [json.loads(line) for line in (CORPUS / "cases.jsonl").open()]
+    if args.models:
+        wanted = args.models.split(",")
+        cases = [c for c in cases if any(w in c["name"] for w in wanted)]
+    rows = []
+    for case in cases:
+        workspace.ResetWorkspace()
+        init, pred = _net(case["init_net_b64"]), _net(case["predict_net_b64"])
+        workspace.RunNetOnce(init)
+        for name, value in _inputs(case):
+            workspace.FeedBlob(name, value)
+        workspace.CreateNet(pred, overwrite=True)
+        ours = time_net(pred.name, args.runs, args.trials)
+        gflops = sgemm_gflops()
+        peer = case["peer_ms"] / 1e3
+        ratio = ours / peer
+        norm = ratio * gflops / case["numpy_sgemm_gflops"]
+        flops = model_flops(pred)
+        share = flops / ours / 1e9 / gflops if flops else 0.0
+        rows.append((case["name"], ours, peer, ratio, norm, share))
+        peak = f", {share * 100:5.1f}% of sgemm peak" if share > 0.02 else ""
+        print(
+            f"{case['name']:42s} ours {ours * 1e3:8.3f} ms  Caffe2 {peer * 1e3:8.3f} ms  "
+            f"x{ratio:5.2f}  normalized x{norm:5.2f}{peak}",
+            flush=True,
+        )
+        if args.profile:
+            per_type = profile(pred, max(args.runs, 5))
+            total = sum(per_type.values())
+            for t, s in sorted(per_type.items(), key=lambda kv: -kv[1]):
+                print(f"    {t:28s} {s * 1e3:8.3f} ms  {s / total * 100:5.1f}%")
+    if not rows:
+        print("no model matched", file=sys.stderr)
+        return 1
+    geo = math.exp(sum(math.log(r[4]) for r in rows) / len(rows))
+    worst = max(rows, key=lambda r: r[4])
+    print(f"geomean normalized x{geo:.3f} over {len(rows)} models (below 1 is faster than Caffe2)")
+    print(f"worst: {worst[0]} normalized x{worst[4]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
