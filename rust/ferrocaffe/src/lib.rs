@@ -40,6 +40,7 @@ pub mod runtime;
 pub mod schema;
 pub mod serialize;
 pub mod tensor;
+pub mod threads;
 pub mod wire;
 pub mod workspace;
 

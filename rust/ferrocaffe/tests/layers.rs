@@ -20,7 +20,8 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         ),
         ("device", &["error", "proto"][..]),
         ("tensor", &["error", "proto", "device"][..]),
-        ("blas", &["error", "tensor"][..]),
+        ("threads", &[][..]),
+        ("blas", &["error", "tensor", "threads"][..]),
         // The workspace names the registry type it holds (docs/ARCHITECTURE.md explains the
         // one mutual reference between the workspace and the operator contract).
         ("workspace", &["error", "proto", "tensor", "ops"][..]),
@@ -38,6 +39,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "device",
                 "tensor",
                 "blas",
+                "threads",
                 "workspace",
                 "serialize",
             ][..],
@@ -50,6 +52,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "device",
                 "tensor",
                 "blas",
+                "threads",
                 "workspace",
                 "ops",
             ][..],
@@ -62,6 +65,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "proto",
                 "tensor",
                 "blas",
+                "threads",
                 "workspace",
                 "ops",
                 "net",

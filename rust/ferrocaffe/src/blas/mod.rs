@@ -15,7 +15,7 @@
 //! kernels where the CPU has them ([`small`]): they read the large operand in place instead of
 //! packing it on every call ([`set_small_kernels_enabled`] turns them off; benchmarks
 //! compare). Products above a megaflop, on these kernels or on the `gemm` crate, are shared
-//! out between the caller and one helper thread ([`pair`]). The Python package uses this
+//! out to the team of compute threads ([`crate::threads`]). The Python package uses this
 //! backend by default: on a 2-core machine it runs an LSTM step net 1.4x faster than
 //! OpenBLAS, whose packing of the weight on every call and spinning workers cost more than
 //! its kernels gain there.
@@ -28,10 +28,10 @@ use std::sync::OnceLock;
 use crate::error::{Error, Result};
 
 mod constant;
+pub(crate) use crate::threads::for_each_part;
+pub use crate::threads::single_threaded;
+use crate::threads::{self, run_parts};
 pub use constant::{hold_constant, ConstantOperands};
-mod pair;
-pub(crate) use pair::for_each_part;
-pub use pair::single_threaded;
 #[cfg(target_arch = "x86_64")]
 mod small;
 
@@ -204,21 +204,21 @@ pub fn backend() -> String {
 }
 
 /// Whether [`sgemm`] parallelizes products itself: on a CBLAS library's thread pool, or split
-/// with this crate's GEMM helper thread (machines with two or more cores). Callers that would
+/// across the team of compute threads ([`crate::threads`], machines with two or more cores). Callers that would
 /// run GEMMs on several threads at once may prefer one.
 pub fn gemm_is_threaded() -> bool {
-    active_cblas().is_some() || pair::available()
+    active_cblas().is_some() || threads::available()
 }
 
 /// How many of `items` (rows, or columns) go in each part when element-wise work of `work`
 /// values in all is cut up for [`for_each_part`]: all of them (one part) below 16k values,
 /// where the hand-off would cost more than it saves, or when a CBLAS library runs the
-/// products (its spinning workers own the cores); else about a quarter.
+/// products (its spinning workers own the cores); else about two parts per thread.
 pub(crate) fn part_len(items: usize, work: usize) -> usize {
-    let parts = if work < 1 << 14 || active_cblas().is_some() || !pair::available() {
+    let parts = if work < 1 << 14 || active_cblas().is_some() || !threads::available() {
         1
     } else {
-        items.clamp(1, 4)
+        items.clamp(1, threads::num_threads().saturating_mul(2).max(4))
     };
     items.div_ceil(parts).max(1)
 }
@@ -347,8 +347,8 @@ impl GemmContext {
 }
 
 /// The `gemm` crate, single-threaded per call; products of at least [`SPLIT_MNK`] multiply-adds
-/// are cut in two halves of `C` (rows or columns, whichever is longer) run on this thread and
-/// the GEMM helper thread ([`pair`]). (The crate's own rayon parallelism costs more in
+/// are cut in pieces of `C` (rows or columns, whichever is longer) run on this thread and the
+/// team of compute threads ([`crate::threads`]). (The crate's own rayon parallelism costs more in
 /// hand-offs at these sizes, and rayon workers waiting for subtasks could run other queued
 /// ops that block on a blob lock held further up the same stack.)
 #[allow(clippy::too_many_arguments)]
@@ -389,26 +389,29 @@ fn gemm_crate(
         return;
     }
     // Pieces of whole rows or columns of C (the longer side), shared out between this thread
-    // and the helper.
+    // and the team.
     if m >= n {
-        let height = (m.div_ceil(PIECES)).div_ceil(16) * 16;
+        let height = (m.div_ceil(pieces())).div_ceil(16) * 16;
         // SAFETY: the pieces write disjoint rows of C.
-        pair::run_parts(m.div_ceil(height), &|i| unsafe {
+        run_parts(m.div_ceil(height), &|i| unsafe {
             whole.run(i * height..((i + 1) * height).min(m), 0..n)
         });
     } else {
-        let width = (n.div_ceil(PIECES)).div_ceil(16) * 16;
+        let width = (n.div_ceil(pieces())).div_ceil(16) * 16;
         // SAFETY: the pieces write disjoint columns of C.
-        pair::run_parts(n.div_ceil(width), &|i| unsafe {
+        run_parts(n.div_ceil(width), &|i| unsafe {
             whole.run(0..m, i * width..((i + 1) * width).min(n))
         });
     }
 }
 
-/// Split products are cut in about this many pieces.
-const PIECES: usize = 4;
+/// Split products are cut in about this many pieces: two per thread of the team, so that a
+/// thread that starts late or runs slower leaves less to wait for.
+fn pieces() -> usize {
+    threads::num_threads().saturating_mul(2).max(4)
+}
 
-/// Products of at least this many multiply-adds are split between two threads.
+/// Products of at least this many multiply-adds are shared out to the team.
 const SPLIT_MNK: usize = 1 << 18;
 
 /// A row-major product `C (m x n, row stride ldc) = alpha op(A) op(B) + beta C`, with each

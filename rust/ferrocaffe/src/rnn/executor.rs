@@ -53,17 +53,14 @@ pub struct RnnExecutor {
 
 /// The default number of worker threads: the machine's parallelism, at most 4 — or 1 when
 /// GEMMs are threaded themselves ([`crate::blas::gemm_is_threaded`]: a CBLAS library's pool,
-/// or ferrocaffe's own GEMM splitting each product with its helper thread): the products
+/// or ferrocaffe's own GEMM sharing each product out to the team of compute threads): the products
 /// already use every core (measured on 2 cores: a 2-layer LSTM ran 1.3x slower on 2 executor
 /// threads than on 1 with OpenBLAS, 1.06x slower with ferrocaffe's GEMM).
 pub fn default_threads() -> usize {
     if crate::blas::gemm_is_threaded() {
         return 1;
     }
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .min(4)
+    crate::threads::num_threads().min(4)
 }
 
 impl RnnExecutor {

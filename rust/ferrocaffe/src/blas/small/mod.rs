@@ -21,9 +21,9 @@
 //!   an operand held constant ([`super::constant`]: an RNN's weight over its timesteps) is
 //!   cut in those strips once and read from them by every product.
 //!
-//! Products above a megaflop are cut in about [`PIECES`] pieces (disjoint parts of `C`, along
-//! the dimension that splits the large operand) shared out between the caller and a helper
-//! thread ([`super::pair`]). Each element of `C` is one fused multiply-add chain over the
+//! Products above a megaflop are cut in about [`pieces()`] pieces (disjoint parts of `C`, along
+//! the dimension that splits the large operand) shared out to the team of compute threads
+//! ([`crate::threads`]). Each element of `C` is one fused multiply-add chain over the
 //! inner dimension in order, whatever tile, piece or vector width it falls in, so results do
 //! not depend on the thread count, on which thread ran which piece, or on the CPU.
 
@@ -31,7 +31,7 @@ use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use super::constant::{self, Strips};
-use super::pair::run_parts;
+use crate::threads::run_parts;
 
 /// `tile::<rows, v>(t)` of the kernel module it is expanded in, for each instantiated
 /// number of rows; other counts run on [`tile_scalar`].
@@ -49,10 +49,12 @@ mod avx512;
 
 /// The largest "small" dimension: `m` of `A B` and `A B^T`, `k` of `A^T B`.
 const SMALL: usize = 64;
-/// Products of at least this many flops are split between two threads...
+/// Products of at least this many flops are shared out to the team of compute threads...
 const SPLIT_FLOPS: usize = 1 << 20;
 /// ... in about this many pieces, which the threads share out as they go.
-const PIECES: usize = 8;
+fn pieces() -> usize {
+    crate::threads::num_threads().saturating_mul(4).max(8)
+}
 
 /// The vector instruction set the kernels run on.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -297,13 +299,13 @@ impl Problem<'_> {
         // Pieces along the larger operand: Q's columns (in whole 48-column blocks, a multiple
         // of every tile width) or P's rows (in multiples of 12), about PIECES of them.
         if self.cols >= self.rows && self.cols >= 96 {
-            let width = (self.cols.div_ceil(PIECES)).div_ceil(48) * 48;
+            let width = (self.cols.div_ceil(pieces())).div_ceil(48) * 48;
             let parts = self.cols.div_ceil(width);
             run_parts(parts, &|i| {
                 self.block(0, self.rows, i * width, ((i + 1) * width).min(self.cols))
             });
         } else {
-            let height = (self.rows.div_ceil(PIECES)).div_ceil(12) * 12;
+            let height = (self.rows.div_ceil(pieces())).div_ceil(12) * 12;
             let parts = self.rows.div_ceil(height);
             run_parts(parts, &|i| {
                 self.block(i * height, ((i + 1) * height).min(self.rows), 0, self.cols)

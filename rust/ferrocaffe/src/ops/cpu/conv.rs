@@ -4,7 +4,10 @@
 //! W is `[M, C/G, kH, kW]` (NCHW) or `[M, kH, kW, C/G]` (NHWC); the optional bias has M values.
 
 use super::conv_args::{Geometry, Order};
+use super::depthwise;
+pub(crate) use super::im2col::{col2im, im2col};
 use crate::bail;
+use crate::blas::{for_each_part, GemmContext};
 use crate::error::{try_vec, Error, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
@@ -63,6 +66,65 @@ fn too_large(what: &str, d: &Dims) -> Error {
     ))
 }
 
+/// How a forward convolution runs: whether the input is its own column matrix, and the
+/// buffers each part of the images needs.
+struct Plan {
+    /// 1x1 filters, stride 1, no padding (and, in NHWC, one group): no im2col.
+    direct: bool,
+    col_len: usize,
+    tmp_len: usize,
+}
+
+/// Column buffers of all parts together stay below this many floats (256 MiB) when images are
+/// shared out; beyond it, fewer parts.
+const PARALLEL_BUFFER_FLOATS: usize = 1 << 26;
+
+/// Convolutions of fewer multiply-adds than this per image are not worth a hand-off per image.
+const MIN_PARALLEL_MACS: usize = 1 << 15;
+
+impl Plan {
+    fn new(g: &Geometry, d: &Dims) -> Result<Plan> {
+        let one_by_one = d.kh == 1
+            && d.kw == 1
+            && g.stride == [1, 1]
+            && g.pad == [0, 0, 0, 0]
+            && (g.order == Order::Nchw || d.group == 1);
+        let col_len = if one_by_one { 0 } else { d.col_len()? };
+        let tmp_len = if g.order == Order::Nhwc && d.group > 1 {
+            // so * mg <= so * m = one image of Y, which is allocated already.
+            d.spatial_out() * d.mg()
+        } else {
+            0
+        };
+        Ok(Plan {
+            direct: one_by_one,
+            col_len,
+            tmp_len,
+        })
+    }
+
+    /// Images per part: 1 to n.
+    fn images_per_part(&self, d: &Dims) -> usize {
+        let threads = crate::threads::num_threads();
+        let macs = d.spatial_out().saturating_mul(d.m).saturating_mul(d.kdim());
+        if d.n < 2 || threads < 2 || macs < MIN_PARALLEL_MACS {
+            return d.n.max(1);
+        }
+        let per_buffer = (self.col_len + self.tmp_len).max(1);
+        let parts =
+            d.n.min(threads.saturating_mul(2))
+                .min((PARALLEL_BUFFER_FLOATS / per_buffer).max(1));
+        d.n.div_ceil(parts.max(1))
+    }
+
+    fn buffers(&self) -> Result<(Vec<f32>, Vec<f32>)> {
+        Ok((
+            try_vec(self.col_len, 0f32, "the column buffer")?,
+            try_vec(self.tmp_len, 0f32, "the group buffer")?,
+        ))
+    }
+}
+
 struct Conv {
     g: Geometry,
     group: usize,
@@ -113,14 +175,6 @@ impl Conv {
         })
     }
 
-    fn im2col(&self, d: &Dims, x: &[f32], img: usize, gi: usize, col: &mut [f32]) {
-        im2col(&self.g, d, x, img, gi, col)
-    }
-
-    fn col2im(&self, d: &Dims, col: &[f32], img: usize, gi: usize, dx: &mut [f32]) {
-        col2im(&self.g, d, col, img, gi, dx)
-    }
-
     fn forward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
         let gemm = ctx.gemm;
         let (ins, mut outs) = ctx.split();
@@ -143,78 +197,121 @@ impl Conv {
             // No image, no output channel or no output pixel: an empty Y of the right shape.
             return Ok(());
         }
-        if d.group == d.c && d.m == d.c && self.g.order == Order::Nhwc {
-            depthwise(&self.g, &d, xs, ws, bias, y);
-            return Ok(());
+        if d.group == d.c && d.m == d.c {
+            return depthwise::forward(&self.g, &d, xs, ws, bias, y);
         }
+        let plan = Plan::new(&self.g, &d)?;
+        // Images are shared out to the team of compute threads, a few consecutive images per
+        // part, each part with its own buffers; the products inside a part then run on its
+        // thread alone. One image (or too little work) runs here, and its products use the
+        // team instead.
+        let per = plan.images_per_part(&d);
+        let img_out = d.m * d.spatial_out();
+        let mut parts = Vec::with_capacity(d.n.div_ceil(per));
+        for (i, yp) in y.chunks_mut(per * img_out).enumerate() {
+            parts.push((i * per, yp, plan.buffers()?));
+        }
+        let first_error = parking_lot::Mutex::new(None);
+        for_each_part(parts, &|(first, yp, (mut col, mut tmp))| {
+            for (k, yi) in yp.chunks_mut(img_out).enumerate() {
+                if let Err(e) = self.image(
+                    &d,
+                    &plan,
+                    gemm,
+                    xs,
+                    ws,
+                    bias,
+                    first + k,
+                    yi,
+                    &mut col,
+                    &mut tmp,
+                ) {
+                    first_error.lock().get_or_insert(e);
+                    return;
+                }
+            }
+        });
+        match first_error.into_inner() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Y of one image: per group, the column matrix (unless the input is one already) times
+    /// the group's filters, then the bias.
+    #[allow(clippy::too_many_arguments)]
+    fn image(
+        &self,
+        d: &Dims,
+        plan: &Plan,
+        gemm: GemmContext,
+        xs: &[f32],
+        ws: &[f32],
+        bias: Option<&[f32]>,
+        img: usize,
+        yi: &mut [f32],
+        col: &mut [f32],
+        tmp: &mut [f32],
+    ) -> Result<()> {
         let (kd, so, mg) = (d.kdim(), d.spatial_out(), d.mg());
-        let mut col = try_vec(d.col_len()?, 0f32, "the column buffer")?;
-        let mut tmp = if self.g.order == Order::Nhwc && d.group > 1 {
-            // so * mg <= so * m = one image of Y, which is allocated already.
-            try_vec(so * mg, 0f32, "the group buffer")?
-        } else {
-            Vec::new()
-        };
-        let img_out = d.m * so;
-        for img in 0..d.n {
-            let yi = &mut y[img * img_out..(img + 1) * img_out];
-            for gi in 0..d.group {
-                let wg = &ws[gi * mg * kd..(gi + 1) * mg * kd];
-                let one_by_one = self.g.order == Order::Nchw
-                    && d.kh == 1
-                    && d.kw == 1
-                    && self.g.stride == [1, 1]
-                    && self.g.pad == [0, 0, 0, 0];
-                match self.g.order {
-                    Order::Nchw => {
-                        let dst = &mut yi[gi * mg * so..(gi + 1) * mg * so];
-                        if one_by_one {
-                            let base = (img * d.c + gi * d.cg()) * d.h * d.w;
-                            gemm.sgemm(
-                                false,
-                                false,
-                                mg,
-                                so,
-                                kd,
-                                1.0,
-                                wg,
-                                &xs[base..base + kd * so],
-                                0.0,
-                                dst,
-                            );
-                        } else {
-                            self.im2col(&d, xs, img, gi, &mut col);
-                            gemm.sgemm(false, false, mg, so, kd, 1.0, wg, &col, 0.0, dst);
-                        }
+        for gi in 0..d.group {
+            let wg = &ws[gi * mg * kd..(gi + 1) * mg * kd];
+            match self.g.order {
+                Order::Nchw => {
+                    let dst = &mut yi[gi * mg * so..(gi + 1) * mg * so];
+                    if plan.direct {
+                        let base = (img * d.c + gi * d.cg()) * d.h * d.w;
+                        gemm.sgemm(
+                            false,
+                            false,
+                            mg,
+                            so,
+                            kd,
+                            1.0,
+                            wg,
+                            &xs[base..base + kd * so],
+                            0.0,
+                            dst,
+                        );
+                    } else {
+                        im2col(&self.g, d, xs, img, gi, col);
+                        gemm.sgemm(false, false, mg, so, kd, 1.0, wg, col, 0.0, dst);
                     }
-                    Order::Nhwc => {
-                        self.im2col(&d, xs, img, gi, &mut col);
-                        if d.group == 1 {
-                            gemm.sgemm(false, true, so, d.m, kd, 1.0, &col, wg, 0.0, yi);
-                        } else {
-                            gemm.sgemm(false, true, so, mg, kd, 1.0, &col, wg, 0.0, &mut tmp);
-                            for p in 0..so {
-                                yi[p * d.m + gi * mg..p * d.m + (gi + 1) * mg]
-                                    .copy_from_slice(&tmp[p * mg..(p + 1) * mg]);
-                            }
+                }
+                Order::Nhwc => {
+                    let cols: &[f32] = if plan.direct {
+                        // 1x1, stride 1, no padding, one group: the image is its own column
+                        // matrix [h*w, C].
+                        &xs[img * so * kd..(img + 1) * so * kd]
+                    } else {
+                        im2col(&self.g, d, xs, img, gi, col);
+                        col
+                    };
+                    if d.group == 1 {
+                        gemm.sgemm(false, true, so, d.m, kd, 1.0, cols, wg, 0.0, yi);
+                    } else {
+                        gemm.sgemm(false, true, so, mg, kd, 1.0, cols, wg, 0.0, tmp);
+                        for p in 0..so {
+                            yi[p * d.m + gi * mg..p * d.m + (gi + 1) * mg]
+                                .copy_from_slice(&tmp[p * mg..(p + 1) * mg]);
                         }
                     }
                 }
             }
-            if let Some(b) = bias {
-                match self.g.order {
-                    Order::Nchw => {
-                        for (m, &bv) in b.iter().enumerate() {
-                            for v in &mut yi[m * so..(m + 1) * so] {
-                                *v += bv;
-                            }
+        }
+        if let Some(b) = bias {
+            match self.g.order {
+                Order::Nchw => {
+                    for (row, &bv) in yi.chunks_mut(so).zip(b) {
+                        for v in row {
+                            *v += bv;
                         }
                     }
-                    Order::Nhwc => {
-                        for row in yi.chunks_mut(d.m) {
-                            for (v, &bv) in row.iter_mut().zip(b) {
-                                *v += bv;
-                            }
+                }
+                Order::Nhwc => {
+                    for row in yi.chunks_mut(d.m) {
+                        for (v, &bv) in row.iter_mut().zip(b) {
+                            *v += bv;
                         }
                     }
                 }
@@ -274,7 +371,7 @@ impl Conv {
                         }
                     }
                 }
-                self.im2col(&d, xs, img, gi, &mut col);
+                im2col(&self.g, &d, xs, img, gi, &mut col);
                 let dwg = &mut dw[gi * mg * kd..(gi + 1) * mg * kd];
                 let wg = &ws[gi * mg * kd..(gi + 1) * mg * kd];
                 match self.g.order {
@@ -292,7 +389,7 @@ impl Conv {
                     }
                 }
                 if want_dx {
-                    self.col2im(&d, &col, img, gi, &mut dx);
+                    col2im(&self.g, &d, &col, img, gi, &mut dx);
                 }
             }
             match self.g.order {
@@ -355,175 +452,4 @@ fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
         gradient,
         no_bias: init.args.bool("no_bias", false)?,
     }))
-}
-
-/// Column matrix of image `img`, group `gi`: NCHW `[kdim, oh*ow]`, NHWC `[oh*ow, kdim]`.
-pub(crate) fn im2col(g: &Geometry, d: &Dims, x: &[f32], img: usize, gi: usize, col: &mut [f32]) {
-    let (sh, sw) = (g.stride[0], g.stride[1]);
-    let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
-    let (dh, dw) = (g.dilation[0], g.dilation[1]);
-    let cg = d.cg();
-    match g.order {
-        Order::Nchw => {
-            let base = (img * d.c + gi * cg) * d.h * d.w;
-            let so = d.spatial_out();
-            for c in 0..cg {
-                for ki in 0..d.kh {
-                    for kj in 0..d.kw {
-                        let row = ((c * d.kh + ki) * d.kw + kj) * so;
-                        for oy in 0..d.oh {
-                            let iy = (oy * sh + ki * dh) as isize - pt;
-                            let dst = &mut col[row + oy * d.ow..row + (oy + 1) * d.ow];
-                            if iy < 0 || iy >= d.h as isize {
-                                dst.fill(0.0);
-                                continue;
-                            }
-                            let src = base + (c * d.h + iy as usize) * d.w;
-                            for (ox, o) in dst.iter_mut().enumerate() {
-                                let ix = (ox * sw + kj * dw) as isize - pl;
-                                *o = if ix < 0 || ix >= d.w as isize {
-                                    0.0
-                                } else {
-                                    x[src + ix as usize]
-                                };
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        Order::Nhwc => {
-            let kd = d.kdim();
-            for oy in 0..d.oh {
-                for ox in 0..d.ow {
-                    let p = oy * d.ow + ox;
-                    for ki in 0..d.kh {
-                        let iy = (oy * sh + ki * dh) as isize - pt;
-                        for kj in 0..d.kw {
-                            let ix = (ox * sw + kj * dw) as isize - pl;
-                            let dst = &mut col[p * kd + (ki * d.kw + kj) * cg..][..cg];
-                            if iy < 0 || iy >= d.h as isize || ix < 0 || ix >= d.w as isize {
-                                dst.fill(0.0);
-                            } else {
-                                let src =
-                                    ((img * d.h + iy as usize) * d.w + ix as usize) * d.c + gi * cg;
-                                dst.copy_from_slice(&x[src..src + cg]);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Adds the column matrix back into image `img`, group `gi` of `dx` (inverse of im2col).
-pub(crate) fn col2im(g: &Geometry, d: &Dims, col: &[f32], img: usize, gi: usize, dx: &mut [f32]) {
-    let (sh, sw) = (g.stride[0], g.stride[1]);
-    let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
-    let (dh, dw) = (g.dilation[0], g.dilation[1]);
-    let cg = d.cg();
-    match g.order {
-        Order::Nchw => {
-            let base = (img * d.c + gi * cg) * d.h * d.w;
-            let so = d.spatial_out();
-            for c in 0..cg {
-                for ki in 0..d.kh {
-                    for kj in 0..d.kw {
-                        let row = ((c * d.kh + ki) * d.kw + kj) * so;
-                        for oy in 0..d.oh {
-                            let iy = (oy * sh + ki * dh) as isize - pt;
-                            if iy < 0 || iy >= d.h as isize {
-                                continue;
-                            }
-                            for ox in 0..d.ow {
-                                let ix = (ox * sw + kj * dw) as isize - pl;
-                                if ix >= 0 && ix < d.w as isize {
-                                    dx[base + (c * d.h + iy as usize) * d.w + ix as usize] +=
-                                        col[row + oy * d.ow + ox];
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        Order::Nhwc => {
-            let kd = d.kdim();
-            for oy in 0..d.oh {
-                for ox in 0..d.ow {
-                    let p = oy * d.ow + ox;
-                    for ki in 0..d.kh {
-                        let iy = (oy * sh + ki * dh) as isize - pt;
-                        for kj in 0..d.kw {
-                            let ix = (ox * sw + kj * dw) as isize - pl;
-                            if iy < 0 || iy >= d.h as isize || ix < 0 || ix >= d.w as isize {
-                                continue;
-                            }
-                            let src = &col[p * kd + (ki * d.kw + kj) * cg..][..cg];
-                            let dst =
-                                ((img * d.h + iy as usize) * d.w + ix as usize) * d.c + gi * cg;
-                            for (o, v) in dx[dst..dst + cg].iter_mut().zip(src) {
-                                *o += v;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Depthwise convolution (one filter per channel), computed directly: channel-major loops for
-/// NCHW, channel-minor for NHWC, so reads stay contiguous.
-fn depthwise(g: &Geometry, d: &Dims, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
-    let (sh, sw) = (g.stride[0], g.stride[1]);
-    let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
-    let (dh, dw) = (g.dilation[0], g.dilation[1]);
-    let (c, h, wd) = (d.c, d.h as isize, d.w as isize);
-    let kk = d.kh * d.kw;
-    // W: NCHW [C, 1, kh, kw]; NHWC [C, kh, kw, 1]: both are ch * kk + ki * kw + kj.
-    let one = |img: usize, ch: usize, oy: usize, ox: usize| -> f32 {
-        let mut acc = bias.map_or(0.0, |b| b[ch]);
-        for ki in 0..d.kh {
-            let iy = (oy * sh + ki * dh) as isize - pt;
-            if iy < 0 || iy >= h {
-                continue;
-            }
-            for kj in 0..d.kw {
-                let ix = (ox * sw + kj * dw) as isize - pl;
-                if ix < 0 || ix >= wd {
-                    continue;
-                }
-                let xi = match g.order {
-                    Order::Nchw => ((img * c + ch) * d.h + iy as usize) * d.w + ix as usize,
-                    Order::Nhwc => ((img * d.h + iy as usize) * d.w + ix as usize) * c + ch,
-                };
-                acc += x[xi] * w[ch * kk + ki * d.kw + kj];
-            }
-        }
-        acc
-    };
-    for img in 0..d.n {
-        match g.order {
-            Order::Nchw => {
-                for ch in 0..c {
-                    for oy in 0..d.oh {
-                        for ox in 0..d.ow {
-                            y[((img * c + ch) * d.oh + oy) * d.ow + ox] = one(img, ch, oy, ox);
-                        }
-                    }
-                }
-            }
-            Order::Nhwc => {
-                for oy in 0..d.oh {
-                    for ox in 0..d.ow {
-                        for ch in 0..c {
-                            y[((img * d.oh + oy) * d.ow + ox) * c + ch] = one(img, ch, oy, ox);
-                        }
-                    }
-                }
-            }
-        }
-    }
 }
