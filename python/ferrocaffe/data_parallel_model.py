@@ -651,11 +651,17 @@ def ConvertNetForDevice(net, device=None):
         if "RecurrentNetwork" in op.type:
             raise NotImplementedError("RecurrentNetwork conversion not yet supported")
         for field in (op.input, op.output, op.control_input):
-            field[:] = [namescope + b for b in field]
+            _prefix_all(field, namescope)
         op.device_option.CopyFrom(device)
     for field in (proto.external_input, proto.external_output):
-        field[:] = [namescope + b for b in field]
+        _prefix_all(field, namescope)
     return converted
+
+
+def _prefix_all(field, prefix):
+    names = [prefix + b for b in field]
+    del field[:]
+    field.extend(names)
 
 
 def _ForEachDevice(devices, f, device_type, device_prefix, scoped=False, *args, **kwargs):
