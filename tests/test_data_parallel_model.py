@@ -142,9 +142,7 @@ def test_one_device_nets_match_caffe2(name):
 def test_training_reproduces_caffe2_checkpoints(name):
     case = CASES[name]
     model = build(case)
-    run = dict(
-        case, param_init_net_b64=b64(model.param_init_net), net_b64=b64(model.net)
-    )
+    run = dict(case, param_init_net_b64=b64(model.param_init_net), net_b64=b64(model.net))
     diffs, completed = dpm_replay.train(f"devices {case['devices']}", run)
     assert diffs == [], "\n".join(diffs)
     assert completed
@@ -181,12 +179,14 @@ def test_parallelize_error_as_caffe2(name):
 def test_checkpoint_params_and_learning_rate_names(name):
     case = CASES[name]
     model = build(case)
-    assert sorted(str(b) for b in data_parallel_model.GetCheckpointParams(model)) == case["api"][
-        "GetCheckpointParams"
-    ]
-    assert data_parallel_model.GetLearningRateBlobNames(model) == case["api"][
-        "GetLearningRateBlobNames"
-    ]
+    assert (
+        sorted(str(b) for b in data_parallel_model.GetCheckpointParams(model))
+        == case["api"]["GetCheckpointParams"]
+    )
+    assert (
+        data_parallel_model.GetLearningRateBlobNames(model)
+        == case["api"]["GetLearningRateBlobNames"]
+    )
     assert data_parallel_model.GetDevices(model) == case["devices"]
 
 
@@ -278,7 +278,9 @@ def _mlp_model(rendezvous, name="dpm_mpi"):
         model,
         lambda m: None,
         forward,
-        optimizer_builder_fun=lambda m: optimizer.build_sgd(m, base_learning_rate=0.1, policy="fixed"),
+        optimizer_builder_fun=lambda m: optimizer.build_sgd(
+            m, base_learning_rate=0.1, policy="fixed"
+        ),
         devices=case["devices"],
         rendezvous=rendezvous,
     )
@@ -385,7 +387,9 @@ def test_more_gradients_than_common_worlds_chain_by_control_input():
         model,
         lambda m: None,
         lambda m, s: [dpm_forward(m, "mlp", s)],
-        optimizer_builder_fun=lambda m: optimizer.build_sgd(m, base_learning_rate=0.1, policy="fixed"),
+        optimizer_builder_fun=lambda m: optimizer.build_sgd(
+            m, base_learning_rate=0.1, policy="fixed"
+        ),
         devices=[0, 1],
         rendezvous=dict(RENDEZVOUS),
         max_concurrent_distributed_ops=2,
@@ -535,7 +539,9 @@ def test_bmuf_builds_the_block_update_nets_and_trains():
     # v = 0.5 * 0 + 1.0 * (mean - g); g += v; every device takes g.
     want = g + ((local[0] + local[1]) / 2 - g)
     for d in (0, 1):
-        np.testing.assert_allclose(workspace.FetchBlob(f"cpu_{d}/fc1_w"), want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            workspace.FetchBlob(f"cpu_{d}/fc1_w"), want, rtol=1e-5, atol=1e-6
+        )
     np.testing.assert_allclose(workspace.FetchBlob("cpu_0/fc1_w_v"), want - g, rtol=1e-5, atol=1e-6)
 
 
@@ -546,7 +552,9 @@ def test_parallelize_gpu_builds_cuda_nets_and_runs_only_with_gpus(caplog):
             model,
             lambda m: None,
             lambda m, s: [dpm_forward(m, "mlp", s)],
-            optimizer_builder_fun=lambda m: optimizer.build_sgd(m, base_learning_rate=0.1, policy="fixed"),
+            optimizer_builder_fun=lambda m: optimizer.build_sgd(
+                m, base_learning_rate=0.1, policy="fixed"
+            ),
             devices=[0, 1],
         )
     assert model._device_prefix == "gpu" and model._device_type == caffe2_pb2.CUDA

@@ -600,9 +600,7 @@ def _CreateBarrierNet(model, init_net, name_prefix, timeout_sec):
         timeout_sec=timeout_sec,
     )
     barrier_net = core.Net(name_prefix + "_barrier_net")
-    _collective(
-        barrier_net, "Barrier", [comm_world], [], engine=model._rendezvous["engine"]
-    )
+    _collective(barrier_net, "Barrier", [comm_world], [], engine=model._rendezvous["engine"])
     return barrier_net
 
 
@@ -693,7 +691,11 @@ def ExtractPredictorNet(model, inputs, outputs, device):
     scoped_inputs = [prefix + str(b) for b in inputs]
     scoped_outputs = [prefix + str(b) for b in outputs]
     renames = dict(
-        zip(scoped_inputs + scoped_outputs, [str(b) for b in inputs] + [str(b) for b in outputs])
+        zip(
+            scoped_inputs + scoped_outputs,
+            [str(b) for b in inputs] + [str(b) for b in outputs],
+            strict=True,
+        )
     )
     return model_helper.ExtractPredictorNet(
         net_proto=model.net.Proto(),
@@ -800,8 +802,9 @@ def _AllReduce(devices, model, net, param, use_nccl=False, control_input=None):
     16 devices) and broadcast the result."""
     blobs_group = list(model._device_grouped_blobs[param].values())
     if model._device_type == caffe2_pb2.CUDA and use_nccl:
-        _collective(model.net, "NCCLAllreduce", blobs_group, blobs_group,
-                    control_input=control_input)
+        _collective(
+            model.net, "NCCLAllreduce", blobs_group, blobs_group, control_input=control_input
+        )
         return
 
     peer_access = None
@@ -868,9 +871,7 @@ def AddBlobSync(model, blobs, net=None):
         model._device_grouped_blobs[b] = {
             d: core.BlobReference(f"{model._device_prefix}_{d}/{b}") for d in model._devices
         }
-    _SyncAllParams(
-        model._devices, model, model.param_init_net, net, model._rendezvous, set(blobs)
-    )
+    _SyncAllParams(model._devices, model, model.param_init_net, net, model._rendezvous, set(blobs))
 
 
 def AddDistributedBlobSync(model, blobs):
@@ -972,9 +973,7 @@ def _RemapParameterBlobsForSharedModel(model, all_params):
         for op in net.Proto().op:
             if any(o in others for o in op.output):
                 continue
-            op.input[:] = [
-                master_prefix + stripBlobName(i) if i in others else i for i in op.input
-            ]
+            op.input[:] = [master_prefix + stripBlobName(i) if i in others else i for i in op.input]
             kept.append(op)
         del net.Proto().op[:]
         net.Proto().op.extend(kept)
@@ -1322,9 +1321,7 @@ def OptimizeGradientMemory(model, input_shapes, excluded_blobs, recycle_activati
             for b, shape in input_shapes.items()
             for d in model._devices
         }
-        shapes, _ = workspace.InferShapesAndTypes(
-            [model.param_init_net, model.net], scoped_shapes
-        )
+        shapes, _ = workspace.InferShapesAndTypes([model.param_init_net, model.net], scoped_shapes)
     for device in model._devices:
         namescope = f"{model._device_prefix}_{device}/"
         model.net._net = memonger.share_grad_blobs(
@@ -1368,7 +1365,9 @@ def _CreateOrCloneCommonWorld(net, common_world_blob, rendezvous, name=None, tim
             name=name,
             engine=rendezvous["engine"],
         )
-    extra = {k: rendezvous[k] for k in ("transport", "interface", "mpi_rendezvous") if k in rendezvous}
+    extra = {
+        k: rendezvous[k] for k in ("transport", "interface", "mpi_rendezvous") if k in rendezvous
+    }
     return _collective(
         net,
         "CreateCommonWorld",
@@ -1398,7 +1397,11 @@ def _RunComparison(model, blob_name, device=None):
         workspace.FeedBlob("compare_arr", one_hot)
 
         net = core.Net("allcompare_net")
-        extra = {"mpi_rendezvous": rendezvous["mpi_rendezvous"]} if "mpi_rendezvous" in rendezvous else {}
+        extra = (
+            {"mpi_rendezvous": rendezvous["mpi_rendezvous"]}
+            if "mpi_rendezvous" in rendezvous
+            else {}
+        )
         comm_world = _collective(
             net,
             "CreateCommonWorld",
