@@ -604,3 +604,44 @@ def test_compat_resolves_caffe2_name():
         assert importlib.import_module("caffe2.python.data_parallel_model") is data_parallel_model
     finally:
         compat.uninstall()
+
+
+def test_use_nccl_is_accepted_and_changes_nothing_on_cpu():
+    case = CASES["dpm.mlp_sgd.dev2"]
+    model = build(case, use_nccl=True)
+    assert_nets_equal(model.net.Proto(), parse_net(case["net_b64"]))
+
+
+def test_optimize_gradient_memory_shares_each_devices_gradients(monkeypatch):
+    import sys
+    import types
+
+    calls = []
+
+    def share_grad_blobs(net, losses, param_grads, namescope, **kwargs):
+        calls.append(([str(x) for x in losses], sorted(map(str, param_grads)), namescope, kwargs))
+        return net.Proto()
+
+    fake = types.ModuleType("ferrocaffe.memonger")
+    fake.share_grad_blobs = share_grad_blobs
+    monkeypatch.setitem(sys.modules, "ferrocaffe.memonger", fake)
+    case = CASES["dpm.mlp_sgd.dev2"]
+    model = build(case, optimize_gradient_memory=True)
+    grads = sorted(f"cpu_{d}/{p}_grad" for d in (0, 1) for p in ("fc1_w", "fc1_b", "fc2_w", "fc2_b"))
+    assert calls == [
+        (["cpu_0/loss_scaled"], grads, "cpu_0/", {"share_activations": False}),
+        (["cpu_1/loss_scaled"], grads, "cpu_1/", {"share_activations": False}),
+    ]
+    calls.clear()
+    data_parallel_model.OptimizeGradientMemory(model, None, ["fc1"], True)
+    assert [(c[2], c[3]) for c in calls] == [
+        (
+            f"cpu_{d}/",
+            {
+                "dont_share_blobs": {f"cpu_{d}/fc1"},
+                "share_activations": True,
+                "blob_shapes": None,
+            },
+        )
+        for d in (0, 1)
+    ]
