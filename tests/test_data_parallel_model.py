@@ -15,7 +15,7 @@ from model_zoo import dpm_forward
 from replay import dpm as dpm_replay
 from replay.common import error_diffs, fresh_state
 
-from ferrocaffe import cnn, core, data_parallel_model, model_helper, optimizer, workspace
+from ferrocaffe import brew, cnn, core, data_parallel_model, model_helper, optimizer, workspace
 from ferrocaffe.proto import caffe2_pb2
 from ferrocaffe.utils import ArgsToDict
 
@@ -627,7 +627,9 @@ def test_optimize_gradient_memory_shares_each_devices_gradients(monkeypatch):
     monkeypatch.setitem(sys.modules, "ferrocaffe.memonger", fake)
     case = CASES["dpm.mlp_sgd.dev2"]
     model = build(case, optimize_gradient_memory=True)
-    grads = sorted(f"cpu_{d}/{p}_grad" for d in (0, 1) for p in ("fc1_w", "fc1_b", "fc2_w", "fc2_b"))
+    grads = sorted(
+        f"cpu_{d}/{p}_grad" for d in (0, 1) for p in ("fc1_w", "fc1_b", "fc2_w", "fc2_b")
+    )
     assert calls == [
         (["cpu_0/loss_scaled"], grads, "cpu_0/", {"share_activations": False}),
         (["cpu_1/loss_scaled"], grads, "cpu_1/", {"share_activations": False}),
@@ -645,3 +647,69 @@ def test_optimize_gradient_memory_shares_each_devices_gradients(monkeypatch):
         )
         for d in (0, 1)
     ]
+
+
+def _bn_first_forward(model, loss_scale):
+    """SpatialBN straight on the data: its gradient op is the last op of the backward pass."""
+    x = brew.spatial_bn(model, "data", "bn", 3, epsilon=1e-3, momentum=0.9, is_test=False)
+    x = brew.fc(model, x, "fc", 3 * 4 * 4, 2)
+    softmax = brew.softmax(model, x, "softmax")
+    loss = model.AveragedLoss(model.LabelCrossEntropy([softmax, "label"], "xent"), "loss")
+    return [model.Scale(loss, "loss_scaled", scale=loss_scale)]
+
+
+def test_combined_spatial_bn_keeps_a_gradient_run_that_ends_the_net():
+    model = model_helper.ModelHelper(name="dpm_bn_first")
+    data_parallel_model.Parallelize_CPU(
+        model,
+        input_builder_fun=lambda m: None,
+        forward_pass_builder_fun=_bn_first_forward,
+        optimizer_builder_fun=lambda m: optimizer.build_sgd(m, 0.1, policy="fixed"),
+        devices=[0, 1],
+        combine_spatial_bn=True,
+    )
+    ops = model.net.Proto().op
+    grads = [op for op in ops if op.type == "SpatialBNGradient"]
+    assert [op.device_option.device_id for op in grads] == [0, 1]
+    assert all(ArgsToDict(op.arg)["num_batches"] == 2 for op in grads)
+    assert [op.type for op in ops].count("ChannelBackpropStats") == 2
+    rng = np.random.default_rng(1)
+    workspace.RunNetOnce(model.param_init_net)
+    for d in (0, 1):
+        workspace.FeedBlob(f"cpu_{d}/data", rng.standard_normal((4, 3, 4, 4)).astype(np.float32))
+        workspace.FeedBlob(f"cpu_{d}/label", np.array([0, 1, 1, 0], dtype=np.int32))
+    workspace.CreateNet(model.net)
+    workspace.RunNet(model.net.Proto().name)
+    scale = workspace.FetchBlob("cpu_0/bn_s")
+    assert not np.array_equal(scale, np.ones(3, np.float32))
+    np.testing.assert_array_equal(workspace.FetchBlob("cpu_1/bn_s"), scale)
+
+
+def test_gpu_combined_spatial_bn_reduces_statistics_on_the_cpu():
+    model = model_helper.ModelHelper(name="dpm_bn_gpu")
+    data_parallel_model.Parallelize_GPU(
+        model,
+        input_builder_fun=lambda m: None,
+        forward_pass_builder_fun=_bn_first_forward,
+        optimizer_builder_fun=lambda m: optimizer.build_sgd(m, 0.1, policy="fixed"),
+        devices=[0, 1],
+        combine_spatial_bn=True,
+    )
+    ops = list(model.net.Proto().op)
+    types = [op.type for op in ops]
+    first = types.index("ChannelStats")
+    assert types[first : first + 2] == ["ChannelStats", "ChannelStats"]
+    copy_out = ops[first + 2]
+    assert copy_out.type == "CopyGPUToCPU"
+    assert (list(copy_out.input), list(copy_out.output)) == (
+        ["gpu_0/data_sums"],
+        ["cpu_0/data_sums_gpu_0_copy"],
+    )
+    total = ops[first + 4]
+    assert total.type == "Sum" and total.device_option.device_type == caffe2_pb2.CPU
+    assert list(total.output) == ["cpu_0/data_sums_combined"]
+    back = ops[first + 5]
+    assert back.type == "CopyCPUToGPU" and list(back.output) == ["gpu_0/data_sums_combined"]
+    bn = next(op for op in ops if op.type == "SpatialBN")
+    assert list(bn.input[-2:]) == ["gpu_0/data_sums_combined", "gpu_0/data_sumsq_combined"]
+    assert types.count("SpatialBNGradient") == 2

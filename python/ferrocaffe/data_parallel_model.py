@@ -1475,8 +1475,9 @@ def _CPUInterDeviceBatchNormalization(model):
     first_input = None
     sums, sumsqs, scale_grads, bias_grads = [], [], [], []
 
-    for op in list(model.net.Proto().op):
-        if op.type == "SpatialBN":
+    # A None at the end flushes a gradient run that ends the net.
+    for op in [*model.net.Proto().op, None]:
+        if op is not None and op.type == "SpatialBN":
             phase = "forward"
             name = op.input[0]
             if first_input is None:
@@ -1490,7 +1491,7 @@ def _CPUInterDeviceBatchNormalization(model):
             op.arg.extend([utils.MakeArgument("num_batches", num_devices)])
             held.append(op)
             continue
-        if op.type == "SpatialBNGradient":
+        if op is not None and op.type == "SpatialBNGradient":
             phase = "backward"
             injected.append(
                 core.CreateOperator(
@@ -1505,6 +1506,9 @@ def _CPUInterDeviceBatchNormalization(model):
             op.input.extend([op.output[1], op.output[2]])
             held.append(op)
             continue
+        assert op is not None or phase != "forward", (
+            "Net modification for cpu inter-device batch normalization failed"
+        )
         if phase == "forward":
             new_ops += injected
             new_ops.append(core.CreateOperator("Sum", sums, first_input + "_sums_combined"))
@@ -1520,9 +1524,8 @@ def _CPUInterDeviceBatchNormalization(model):
             sums, sumsqs, scale_grads, bias_grads = [], [], [], []
             first_input = None
             phase = None
-        new_ops.append(op)
-
-    assert phase != "forward", "Net modification for cpu inter-device batch normalization failed"
+        if op is not None:
+            new_ops.append(op)
     del model.net.Proto().op[:]
     model.net.Proto().op.extend(new_ops)
 
@@ -1569,8 +1572,9 @@ def _GPUInterDeviceBatchNormalization(model):
     first_input = None
     scale_grads, bias_grads = [], []
 
-    for op in list(model.net.Proto().op):
-        if op.type == "SpatialBN":
+    # A None at the end flushes a gradient run that ends the net.
+    for op in [*model.net.Proto().op, None]:
+        if op is not None and op.type == "SpatialBN":
             phase = "forward"
             name = op.input[0]
             if first_input is None:
@@ -1587,7 +1591,7 @@ def _GPUInterDeviceBatchNormalization(model):
             op.arg.extend([utils.MakeArgument("num_batches", num_devices)])
             held.append(op)
             continue
-        if op.type == "SpatialBNGradient":
+        if op is not None and op.type == "SpatialBNGradient":
             phase = "backward"
             injected.append(
                 core.CreateOperator(
@@ -1603,6 +1607,9 @@ def _GPUInterDeviceBatchNormalization(model):
             op.input.extend([op.output[1], op.output[2]])
             held.append(op)
             continue
+        assert op is not None or phase != "forward", (
+            "Net modification for gpu inter-device batch normalization failed"
+        )
         if phase == "forward":
             new_ops += injected
             new_ops += gpu_reduce(stripBlobName(first_input) + "_sums")
@@ -1618,8 +1625,7 @@ def _GPUInterDeviceBatchNormalization(model):
             scale_grads, bias_grads = [], []
             first_input = None
             phase = None
-        new_ops.append(op)
-
-    assert phase != "forward", "Net modification for gpu inter-device batch normalization failed"
+        if op is not None:
+            new_ops.append(op)
     del model.net.Proto().op[:]
     model.net.Proto().op.extend(new_ops)
