@@ -281,3 +281,35 @@ BUILDERS = {
     "model.embedding_bag.int64": embedding_bag_int64,
     "model.layout_ops.transpose_reshape": layout_ops,
 }
+
+
+def dpm_forward(model, kind, loss_scale=1.0):
+    """The forward pass of a golden ``dpm/`` model (see its model_description), in the current
+    scopes; returns the loss scaled by ``loss_scale`` (what Parallelize passes)."""
+    if kind == "mlp":
+        x = brew.fc(model, "data", "fc1", 10, 16)
+        x = brew.relu(model, x, "relu1")
+        x = brew.fc(model, x, "fc2", 16, 4)
+    elif kind == "cnn":
+        x = model.Conv("data", "conv1", 3, 4, 3, pad=1)
+        x = model.Relu(x, "relu1")
+        x = model.MaxPool(x, "pool1", kernel=2, stride=2)
+        x = model.Conv(x, "conv2", 4, 8, 3, pad=1)
+        x = model.Relu(x, "relu2")
+        x = model.MaxPool(x, "pool2", kernel=2, stride=2)
+        x = model.FC(x, "fc", 32, 5)
+    elif kind == "cnn_bn":
+        x = brew.conv(model, "data", "conv1", 3, 4, 3, pad=1, no_bias=1)
+        x = brew.spatial_bn(model, x, "conv1_bn", 4, epsilon=1e-3, momentum=0.9, is_test=False)
+        x = brew.relu(model, x, "relu1")
+        x = brew.max_pool(model, x, "pool1", kernel=2, stride=2)
+        x = brew.fc(model, x, "fc", 64, 5)
+    else:
+        emb = model.param_init_net.GaussianFill([], "emb", shape=[20, 4])
+        model.AddParameter(emb)
+        x = model.net.Gather([emb, "idx"], "gathered")
+        x = brew.fc(model, x, "fc", 4, 3)
+    softmax = brew.softmax(model, x, "softmax")
+    xent = model.LabelCrossEntropy([softmax, "label"], "xent")
+    loss = model.AveragedLoss(xent, "loss")
+    return model.Scale(loss, "loss_scaled", scale=loss_scale)

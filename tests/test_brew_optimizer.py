@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import side_file
 from golden_nets import assert_nets_equal, load_cases, parse_net
-from model_zoo import BUILDERS, mlp_train
+from model_zoo import BUILDERS, dpm_forward, mlp_train
 
 from ferrocaffe import brew, cnn, core, model_helper, optimizer, scope, utils
 from ferrocaffe.modeling import initializers
@@ -120,37 +120,6 @@ DPM_CASES = load_cases("dpm")
 CPU0 = core.DeviceOption(caffe2_pb2.CPU, 0)
 
 
-def _dpm_forward(model, kind):
-    """The forward pass of a dpm/ model (see its model_description), in the current scopes."""
-    if kind == "mlp":
-        x = brew.fc(model, "data", "fc1", 10, 16)
-        x = brew.relu(model, x, "relu1")
-        x = brew.fc(model, x, "fc2", 16, 4)
-    elif kind == "cnn":
-        x = model.Conv("data", "conv1", 3, 4, 3, pad=1)
-        x = model.Relu(x, "relu1")
-        x = model.MaxPool(x, "pool1", kernel=2, stride=2)
-        x = model.Conv(x, "conv2", 4, 8, 3, pad=1)
-        x = model.Relu(x, "relu2")
-        x = model.MaxPool(x, "pool2", kernel=2, stride=2)
-        x = model.FC(x, "fc", 32, 5)
-    elif kind == "cnn_bn":
-        x = brew.conv(model, "data", "conv1", 3, 4, 3, pad=1, no_bias=1)
-        x = brew.spatial_bn(model, x, "conv1_bn", 4, epsilon=1e-3, momentum=0.9, is_test=False)
-        x = brew.relu(model, x, "relu1")
-        x = brew.max_pool(model, x, "pool1", kernel=2, stride=2)
-        x = brew.fc(model, x, "fc", 64, 5)
-    else:
-        emb = model.param_init_net.GaussianFill([], "emb", shape=[20, 4])
-        model.AddParameter(emb)
-        x = model.net.Gather([emb, "idx"], "gathered")
-        x = brew.fc(model, x, "fc", 4, 3)
-    softmax = brew.softmax(model, x, "softmax")
-    xent = model.LabelCrossEntropy([softmax, "label"], "xent")
-    loss = model.AveragedLoss(xent, "loss")
-    return model.Scale(loss, "loss_scaled", scale=1.0)
-
-
 def _dpm_single_device(case):
     """The one-device model of a dpm/ case, built the way Parallelize_CPU(devices=[0]) builds
     it: forward pass under DeviceScope(CPU 0) + NameScope('cpu_0'), the loss gradient seeded
@@ -164,7 +133,7 @@ def _dpm_single_device(case):
     else:
         model = model_helper.ModelHelper(name=name)
     with scope.DeviceScope(CPU0), scope.NameScope("cpu_0"):
-        loss = _dpm_forward(model, kind)
+        loss = dpm_forward(model, kind)
     with scope.DeviceScope(CPU0):
         loss_grad = model.ConstantFill(loss, str(loss) + "_grad", value=1.0)
     model.AddGradientOperators({str(loss): str(loss_grad)})

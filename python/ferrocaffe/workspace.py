@@ -91,9 +91,15 @@ def NumCudaDevices():
 
 NumGpuDevices = NumCudaDevices
 
+# The device type of "the GPU" in Caffe2's device-generic code (CUDA; HIP builds are not made).
+GpuDeviceType = caffe2_pb2.CUDA
+
 
 def GetCudaPeerAccessPattern():
     return np.zeros((0, 0), dtype=bool)
+
+
+GetGpuPeerAccessPattern = GetCudaPeerAccessPattern
 
 
 def StringifyBlobName(name):
