@@ -321,6 +321,9 @@ impl Conv {
     }
 
     /// Inputs (X, W, dY); outputs (dW, db, dX) or, with no_bias, (dW, dX); dX optional.
+    ///
+    /// Images are shared out like the forward pass's: each part adds up its own dW and db
+    /// (summed in part order afterwards) and writes dX of its own images.
     fn backward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
         let gemm = ctx.gemm;
         let n_out = ctx.num_outputs();
@@ -338,9 +341,6 @@ impl Conv {
             w.as_slice::<f32>()?,
             dy.as_slice::<f32>()?,
         );
-        let (kd, so, mg) = (d.kdim(), d.spatial_out(), d.mg());
-        let mut dw = try_vec(ws.len(), 0f32, "dW")?;
-        let mut db = try_vec(d.m, 0f32, "db")?;
         let want_dx = n_out > if self.no_bias { 1 } else { 2 };
         let mut dx = if want_dx {
             try_vec(xs.len(), 0f32, "dX")?
@@ -349,64 +349,56 @@ impl Conv {
         };
         // No image: dW, db and dX are zeros (the column buffers would be of no use).
         let n_imgs = if g.is_empty() { 0 } else { d.n };
+        let per = if n_imgs == 0 {
+            1
+        } else {
+            Plan::new(&self.g, &d)?.images_per_part(&d)
+        };
         let (col_len, gg_len) = if n_imgs == 0 {
             (0, 0)
         } else {
-            (d.col_len()?, so * mg)
+            (d.col_len()?, d.spatial_out() * d.mg())
         };
-        let mut col = try_vec(col_len, 0f32, "the column buffer")?;
-        let mut gg = try_vec(gg_len, 0f32, "the group buffer")?;
-        let img_out = d.m.saturating_mul(so);
-        for img in 0..n_imgs {
-            let gi_all = &g[img * img_out..(img + 1) * img_out];
-            for gi in 0..d.group {
-                // dY of this group as [mg, so] (NCHW) or [so, mg] (NHWC).
-                match self.g.order {
-                    Order::Nchw => gg.copy_from_slice(&gi_all[gi * mg * so..(gi + 1) * mg * so]),
-                    Order::Nhwc => {
-                        for p in 0..so {
-                            gg[p * mg..(p + 1) * mg].copy_from_slice(
-                                &gi_all[p * d.m + gi * mg..p * d.m + (gi + 1) * mg],
-                            );
-                        }
-                    }
-                }
-                im2col(&self.g, &d, xs, img, gi, &mut col);
-                let dwg = &mut dw[gi * mg * kd..(gi + 1) * mg * kd];
-                let wg = &ws[gi * mg * kd..(gi + 1) * mg * kd];
-                match self.g.order {
-                    Order::Nchw => {
-                        gemm.sgemm(false, true, mg, kd, so, 1.0, &gg, &col, 1.0, dwg);
-                        if want_dx {
-                            gemm.sgemm(true, false, kd, so, mg, 1.0, wg, &gg, 0.0, &mut col);
-                        }
-                    }
-                    Order::Nhwc => {
-                        gemm.sgemm(true, false, mg, kd, so, 1.0, &gg, &col, 1.0, dwg);
-                        if want_dx {
-                            gemm.sgemm(false, false, so, kd, mg, 1.0, &gg, wg, 0.0, &mut col);
-                        }
-                    }
-                }
-                if want_dx {
-                    col2im(&self.g, &d, &col, img, gi, &mut dx);
-                }
+        let img_in = d.c * d.h * d.w;
+        let n_parts = n_imgs.div_ceil(per).max(1);
+        let mut parts = Vec::with_capacity(n_parts);
+        let mut dx_chunks: Vec<&mut [f32]> = if want_dx && img_in > 0 {
+            dx.chunks_mut(per * img_in).collect()
+        } else {
+            Vec::new()
+        };
+        dx_chunks.resize_with(n_parts, Default::default);
+        for (i, dxp) in dx_chunks.into_iter().enumerate() {
+            let first = i * per;
+            let count = per.min(n_imgs.saturating_sub(first));
+            parts.push(GradPart {
+                first,
+                count,
+                dx: dxp,
+                dw: try_vec(ws.len(), 0f32, "dW")?,
+                db: try_vec(d.m, 0f32, "db")?,
+                col: try_vec(col_len, 0f32, "the column buffer")?,
+                gg: try_vec(gg_len, 0f32, "the group buffer")?,
+            });
+        }
+        let done = parking_lot::Mutex::new(Vec::with_capacity(n_parts));
+        for_each_part(parts, &|mut part| {
+            self.grad_images(&d, gemm, xs, ws, g, want_dx, &mut part);
+            done.lock().push((part.first, part.dw, part.db));
+        });
+        let mut done = done.into_inner();
+        done.sort_by_key(|p| p.0);
+        let mut sums = done.into_iter();
+        let (mut dw, mut db) = match sums.next() {
+            Some((_, dw, db)) => (dw, db),
+            None => (try_vec(ws.len(), 0f32, "dW")?, try_vec(d.m, 0f32, "db")?),
+        };
+        for (_, pw, pb) in sums {
+            for (a, b) in dw.iter_mut().zip(&pw) {
+                *a += b;
             }
-            match self.g.order {
-                Order::Nchw => {
-                    for (m, acc) in db.iter_mut().enumerate() {
-                        *acc += gi_all[m * so..(m + 1) * so].iter().sum::<f32>();
-                    }
-                }
-                Order::Nhwc if d.m > 0 => {
-                    for row in gi_all.chunks(d.m) {
-                        for (acc, v) in db.iter_mut().zip(row) {
-                            *acc += v;
-                        }
-                    }
-                }
-                // No output channel: no bias gradient to add up.
-                Order::Nhwc => {}
+            for (a, b) in db.iter_mut().zip(&pb) {
+                *a += b;
             }
         }
         let w_dims = w.dims().to_vec();
@@ -428,6 +420,88 @@ impl Conv {
         }
         Ok(())
     }
+
+    /// dW and db of a part's images added into its own sums, and their dX written.
+    #[allow(clippy::too_many_arguments)]
+    fn grad_images(
+        &self,
+        d: &Dims,
+        gemm: GemmContext,
+        xs: &[f32],
+        ws: &[f32],
+        g: &[f32],
+        want_dx: bool,
+        part: &mut GradPart<'_>,
+    ) {
+        let (kd, so, mg) = (d.kdim(), d.spatial_out(), d.mg());
+        let img_out = d.m * so;
+        let (col, gg) = (&mut part.col, &mut part.gg);
+        for k in 0..part.count {
+            let img = part.first + k;
+            let gi_all = &g[img * img_out..(img + 1) * img_out];
+            for gi in 0..d.group {
+                // dY of this group as [mg, so] (NCHW) or [so, mg] (NHWC).
+                match self.g.order {
+                    Order::Nchw => gg.copy_from_slice(&gi_all[gi * mg * so..(gi + 1) * mg * so]),
+                    Order::Nhwc => {
+                        for p in 0..so {
+                            gg[p * mg..(p + 1) * mg].copy_from_slice(
+                                &gi_all[p * d.m + gi * mg..p * d.m + (gi + 1) * mg],
+                            );
+                        }
+                    }
+                }
+                im2col(&self.g, d, xs, img, gi, col);
+                let dwg = &mut part.dw[gi * mg * kd..(gi + 1) * mg * kd];
+                let wg = &ws[gi * mg * kd..(gi + 1) * mg * kd];
+                match self.g.order {
+                    Order::Nchw => {
+                        gemm.sgemm(false, true, mg, kd, so, 1.0, gg, col, 1.0, dwg);
+                        if want_dx {
+                            gemm.sgemm(true, false, kd, so, mg, 1.0, wg, gg, 0.0, col);
+                        }
+                    }
+                    Order::Nhwc => {
+                        gemm.sgemm(true, false, mg, kd, so, 1.0, gg, col, 1.0, dwg);
+                        if want_dx {
+                            gemm.sgemm(false, false, so, kd, mg, 1.0, gg, wg, 0.0, col);
+                        }
+                    }
+                }
+                if want_dx {
+                    // The part's dX starts at its first image.
+                    col2im(&self.g, d, col, k, gi, part.dx);
+                }
+            }
+            match self.g.order {
+                Order::Nchw => {
+                    for (acc, row) in part.db.iter_mut().zip(gi_all.chunks(so.max(1))) {
+                        *acc += row.iter().sum::<f32>();
+                    }
+                }
+                Order::Nhwc if d.m > 0 => {
+                    for row in gi_all.chunks(d.m) {
+                        for (acc, v) in part.db.iter_mut().zip(row) {
+                            *acc += v;
+                        }
+                    }
+                }
+                // No output channel: no bias gradient to add up.
+                Order::Nhwc => {}
+            }
+        }
+    }
+}
+
+/// The images `first .. first + count` of a backward pass, with their own sums and buffers.
+struct GradPart<'a> {
+    first: usize,
+    count: usize,
+    dx: &'a mut [f32],
+    dw: Vec<f32>,
+    db: Vec<f32>,
+    col: Vec<f32>,
+    gg: Vec<f32>,
 }
 
 impl Operator for Conv {
