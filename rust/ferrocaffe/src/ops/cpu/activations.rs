@@ -2,7 +2,7 @@
 //! argument or a second, broadcast input), SumReduceLike, and SoftsignGradient.
 
 use super::broadcast::{for_each_index, legacy_sizes};
-use super::elementwise::{binary, input_meta, unary};
+use super::elementwise::{binary, input_dtype, input_meta, unary};
 use super::math::BroadcastArgs;
 use crate::dispatch;
 use crate::error::Result;
@@ -78,7 +78,7 @@ fn create_pow(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         }
         let e = init.args.float("exponent", 1.0)?;
         return Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
-            let dt = input_meta(ctx, 0)?.1;
+            let dt = input_dtype(ctx, 0)?;
             dispatch!(dt, [Float => f32, Double => f64], |T| unary::<T, T>(ctx, |x: T| x.powf(e as T)))
         })));
     }

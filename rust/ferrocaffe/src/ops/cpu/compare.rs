@@ -2,7 +2,7 @@
 //! And/Or/Xor, Not, Where.
 
 use super::broadcast::{broadcast_dims, for_each_broadcast};
-use super::elementwise::{binary, input_meta, unary};
+use super::elementwise::{binary, input_dtype, input_meta, unary};
 use super::math::BroadcastArgs;
 use crate::bail;
 use crate::dispatch;
@@ -52,7 +52,7 @@ fn create_cmp(init: &OpInit<'_>, pred: Cmp) -> Result<Box<dyn Operator>> {
     let bc = BroadcastArgs::new(init)?;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let (la, lb, lc, c) = bc.shapes(ctx)?;
-        let dt = input_meta(ctx, 0)?.1;
+        let dt = input_dtype(ctx, 0)?;
         dispatch!(dt, [Bool => bool, Int32 => i32, Int64 => i64, Float => f32, Double => f64], |T| {
             binary::<T, T, bool>(ctx, &la, &lb, &lc, &c, cmp_with::<T>(pred))
         })
@@ -95,7 +95,7 @@ fn where_kernel(ctx: &mut OpContext<'_>, rows: bool) -> Result<()> {
                  dimension, got {cd:?} for {xd:?}"
             );
         }
-        xd.clone()
+        xd.to_vec()
     } else {
         if cd != xd {
             bail!(op = ctx, ShapeMismatch: "select.sizes() == left.sizes(). {cd:?} vs {xd:?}");

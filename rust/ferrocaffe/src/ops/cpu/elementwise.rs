@@ -43,10 +43,18 @@ macro_rules! dispatch {
 }
 
 /// Dims and dtype of input `i` (read through the output when the op runs in place).
-pub fn input_meta(ctx: &OpContext<'_>, i: usize) -> Result<(Vec<usize>, DataType)> {
+pub fn input_meta(ctx: &OpContext<'_>, i: usize) -> Result<(Dims, DataType)> {
     let t = ctx.input(i)?;
-    Ok((t.dims().to_vec(), t.dtype()))
+    Ok((Dims::from_slice(t.dims()), t.dtype()))
 }
+
+/// Input `i`'s dtype (no copy of its dims: per-op overhead counts on chains of tiny ops).
+pub fn input_dtype(ctx: &OpContext<'_>, i: usize) -> Result<DataType> {
+    Ok(ctx.input(i)?.dtype())
+}
+
+/// Dims copied out of a tensor without a heap allocation up to 6-d.
+pub type Dims = smallvec::SmallVec<[usize; 6]>;
 
 fn type_mismatch(ctx: &OpContext<'_>, i: usize, want: DataType, got: DataType) -> Error {
     err!(
@@ -59,7 +67,7 @@ fn type_mismatch(ctx: &OpContext<'_>, i: usize, want: DataType, got: DataType) -
 
 /// `y = f(x)` elementwise from input 0 to output 0 (in place when they are one blob).
 pub fn unary<A: Element, C: Element>(ctx: &mut OpContext<'_>, f: impl Fn(A) -> C) -> Result<()> {
-    let (dims, dt) = input_meta(ctx, 0)?;
+    let dt = input_dtype(ctx, 0)?;
     if dt != A::DTYPE {
         return Err(type_mismatch(ctx, 0, A::DTYPE, dt));
     }
@@ -80,8 +88,9 @@ pub fn unary<A: Element, C: Element>(ctx: &mut OpContext<'_>, f: impl Fn(A) -> C
         return Ok(());
     }
     let (ins, mut outs) = ctx.split();
-    let x = ins.tensor(0)?.as_slice::<A>()?;
-    let y = outs.tensor(0)?.ensure::<C>(&dims);
+    let xt = ins.tensor(0)?;
+    let x = xt.as_slice::<A>()?;
+    let y = outs.tensor(0)?.ensure::<C>(xt.dims());
     for (o, &v) in y.iter_mut().zip(x) {
         *o = f(v);
     }

@@ -3,7 +3,7 @@
 //! ...), Scale, SumElements, and the simple gradients of these.
 
 use super::broadcast::binary_shapes;
-use super::elementwise::{binary, input_meta, nary_same_shape, unary};
+use super::elementwise::{binary, input_dtype, input_meta, nary_same_shape, unary};
 use crate::dispatch;
 use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
@@ -24,7 +24,7 @@ pub fn register(r: &mut Registry) {
     macro_rules! float_unary {
         ($($name:literal => $f:expr),* $(,)?) => {$(
             r.cpu($name, |_| Ok(Box::new(FnOp(|ctx: &mut OpContext<'_>| {
-                let dt = input_meta(ctx, 0)?.1;
+                let dt = input_dtype(ctx, 0)?;
                 dispatch!(dt, [Float => f32, Double => f64], |T| unary::<T, T>(ctx, |x: T| {
                     let f: fn(f64) -> f64 = $f;
                     f(x as f64) as T
@@ -52,7 +52,7 @@ pub fn register(r: &mut Registry) {
     );
     r.cpu("Relu", |_| {
         Ok(Box::new(FnOp(|ctx: &mut OpContext<'_>| {
-            let dt = input_meta(ctx, 0)?.1;
+            let dt = input_dtype(ctx, 0)?;
             dispatch!(dt, [Float => f32, Double => f64], |T| unary::<T, T>(ctx, |x: T| {
                 if x > 0.0 {
                     x
@@ -65,7 +65,7 @@ pub fn register(r: &mut Registry) {
     macro_rules! signed_unary {
         ($($name:literal => $f:ident),* $(,)?) => {$(
             r.cpu($name, |_| Ok(Box::new(FnOp(|ctx: &mut OpContext<'_>| {
-                let dt = input_meta(ctx, 0)?.1;
+                let dt = input_dtype(ctx, 0)?;
                 dispatch!(dt, [Float => f32, Double => f64, Int32 => i32, Int64 => i64], |T| {
                     unary::<T, T>(ctx, |x: T| Signed::$f(x))
                 })
@@ -240,7 +240,7 @@ fn create_binary(init: &OpInit<'_>, op: Arith) -> Result<Box<dyn Operator>> {
     let bc = BroadcastArgs::new(init)?;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let (la, lb, lc, c) = bc.shapes(ctx)?;
-        let dt = input_meta(ctx, 0)?.1;
+        let dt = input_dtype(ctx, 0)?;
         dispatch!(dt, [Float => f32, Double => f64, Int32 => i32, Int64 => i64], |T| {
             // One instantiation per operation (a function pointer would not be inlined
             // into the element loop, which then would not vectorize).
@@ -255,7 +255,7 @@ fn create_binary(init: &OpInit<'_>, op: Arith) -> Result<Box<dyn Operator>> {
 }
 
 fn sum_kernel(ctx: &mut OpContext<'_>) -> Result<()> {
-    let dt = input_meta(ctx, 0)?.1;
+    let dt = input_dtype(ctx, 0)?;
     dispatch!(dt, [Float => f32, Double => f64, Int32 => i32, Int64 => i64], |T| {
         nary_same_shape::<T>(ctx, T::add)
     })
@@ -264,7 +264,7 @@ fn sum_kernel(ctx: &mut OpContext<'_>) -> Result<()> {
 fn create_scale(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let s = init.args.float("scale", 1.0)?;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
-        let dt = input_meta(ctx, 0)?.1;
+        let dt = input_dtype(ctx, 0)?;
         dispatch!(dt, [Float => f32, Double => f64], |T| unary::<T, T>(ctx, |x: T| x * s as T))
     })))
 }

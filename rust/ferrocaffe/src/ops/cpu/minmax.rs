@@ -1,7 +1,7 @@
 //! Max and Min of several same-shaped inputs, and their gradients (every input equal to the
 //! result gets the output gradient).
 
-use super::elementwise::{input_meta, nary_same_shape};
+use super::elementwise::{input_dtype, nary_same_shape};
 use crate::bail;
 use crate::dispatch;
 use crate::error::Result;
@@ -12,7 +12,7 @@ use crate::ops::registry::Registry;
 pub fn register(r: &mut Registry) {
     r.cpu("Max", |_| {
         Ok(Box::new(FnOp(|ctx: &mut OpContext<'_>| {
-            let dt = input_meta(ctx, 0)?.1;
+            let dt = input_dtype(ctx, 0)?;
             dispatch!(dt, [Float => f32, Double => f64, Int32 => i32, Int64 => i64], |T| {
                 nary_same_shape::<T>(ctx, |a, b| if b > a { b } else { a })
             })
@@ -20,7 +20,7 @@ pub fn register(r: &mut Registry) {
     });
     r.cpu("Min", |_| {
         Ok(Box::new(FnOp(|ctx: &mut OpContext<'_>| {
-            let dt = input_meta(ctx, 0)?.1;
+            let dt = input_dtype(ctx, 0)?;
             dispatch!(dt, [Float => f32, Double => f64, Int32 => i32, Int64 => i64], |T| {
                 nary_same_shape::<T>(ctx, |a, b| if b < a { b } else { a })
             })
