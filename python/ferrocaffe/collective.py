@@ -11,10 +11,12 @@ The Rust core loads the MPI library when the first collective op runs, in this o
    standard-ABI ``libmpi_abi.so.1`` first;
 4. the default names (``libmpi_abi.so.1``, ``libmpi.so.12``, ...), through the loader's path.
 
-Nothing is loaded at import. ``FERROCAFFE_MPI_TIMEOUT_MS`` sets the default timeout of the
+Nothing is loaded at import. At exit, MPI is finalized when ferrocaffe initialized it, unless a
+collective timed out (its request cannot be cancelled, and finalizing could wait on it). ``FERROCAFFE_MPI_TIMEOUT_MS`` sets the default timeout of the
 collectives (30 s otherwise; an op's ``timeout_ms`` argument, or its common world's, wins).
 """
 
+import atexit
 import importlib.util
 import os
 import sys
@@ -46,6 +48,7 @@ def library_candidates():
 def configure():
     """Hands :func:`library_candidates` to the core (called at ``import ferrocaffe``)."""
     _native.mpi_set_library_candidates(library_candidates())
+    atexit.register(_native.mpi_finalize)
 
 
 def loaded_library():

@@ -28,8 +28,15 @@ fn mpi_library() -> PyResult<Option<(String, String, bool)>> {
     })
 }
 
+/// Finalizes MPI if ferrocaffe initialized it and no request was abandoned (at exit).
+#[pyfunction]
+fn mpi_finalize() -> PyResult<bool> {
+    guard_ok("mpi_finalize", ferrocaffe::collective::mpi::finalize)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(mpi_set_library_candidates, m)?)?;
     m.add_function(wrap_pyfunction!(mpi_library, m)?)?;
+    m.add_function(wrap_pyfunction!(mpi_finalize, m)?)?;
     Ok(())
 }

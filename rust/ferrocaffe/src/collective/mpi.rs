@@ -169,6 +169,7 @@ struct Fns<H> {
     init_thread: unsafe extern "C" fn(*mut c_int, *mut c_void, c_int, *mut c_int) -> Rc,
     initialized: unsafe extern "C" fn(*mut c_int) -> Rc,
     finalized: unsafe extern "C" fn(*mut c_int) -> Rc,
+    finalize: unsafe extern "C" fn() -> Rc,
     query_thread: unsafe extern "C" fn(*mut c_int) -> Rc,
     comm_size: unsafe extern "C" fn(H, *mut c_int) -> Rc,
     comm_rank: unsafe extern "C" fn(H, *mut c_int) -> Rc,
@@ -210,6 +211,7 @@ impl<H: Handle> Fns<H> {
                 init_thread: sym(lib, "MPI_Init_thread")?,
                 initialized: sym(lib, "MPI_Initialized")?,
                 finalized: sym(lib, "MPI_Finalized")?,
+                finalize: sym(lib, "MPI_Finalize")?,
                 query_thread: sym(lib, "MPI_Query_thread")?,
                 comm_size: sym(lib, "MPI_Comm_size")?,
                 comm_rank: sym(lib, "MPI_Comm_rank")?,
@@ -295,6 +297,8 @@ pub struct Request(i64);
 
 static CANDIDATES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static MPI: OnceLock<std::result::Result<Mpi, String>> = OnceLock::new();
+/// Set when a request was left pending (a timeout): MPI_Finalize could then wait for it.
+static ABANDONED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Serializes every call into the library.
 static CALL_LOCK: Mutex<()> = Mutex::new(());
 
@@ -500,6 +504,30 @@ pub fn get() -> Result<&'static Mpi> {
 /// Whether an MPI library was loaded (without trying to load one).
 pub fn loaded() -> Option<&'static Mpi> {
     MPI.get().and_then(|r| r.as_ref().ok())
+}
+
+/// Finalizes MPI at exit when ferrocaffe initialized it (mpi4py finalizes what it
+/// initialized). Skipped when a request was abandoned after a timeout, since `MPI_Finalize`
+/// could wait for it forever: the process then exits without it. Returns whether it ran.
+pub fn finalize() -> bool {
+    let Some(m) = loaded() else {
+        return false;
+    };
+    if !m.initialized_here || ABANDONED.load(std::sync::atomic::Ordering::SeqCst) {
+        return false;
+    }
+    let _g = call_lock();
+    with_fns!(m.api, |f, _H| {
+        let mut fin: c_int = 0;
+        // SAFETY: valid out-pointer; MPI_Finalize runs once, guarded by MPI_Finalized.
+        unsafe {
+            (f.finalized)(&mut fin);
+            if fin != 0 {
+                return false;
+            }
+            (f.finalize)() == 0
+        }
+    })
 }
 
 /// A count as MPI's `int`.
@@ -894,6 +922,7 @@ impl Mpi {
             }
             let now = Instant::now();
             if now >= deadline {
+                ABANDONED.store(true, std::sync::atomic::Ordering::SeqCst);
                 return Err(WaitError::TimedOut(Request(raw_req)));
             }
             if now.duration_since(started) < Duration::from_millis(5) {
