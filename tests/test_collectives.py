@@ -124,6 +124,7 @@ def test_the_ops_are_registered_and_build_into_netdefs():
 def test_wrong_engine_and_schema_errors_name_the_op():
     workspace.ResetWorkspace()
     workspace.FeedBlob("x", np.ones(2, np.float32))
+    workspace.FeedBlob("cw", np.ones(1, np.float32))
     with pytest.raises(Exception, match="engine='MPI'"):
         workspace.RunOperatorOnce(core.CreateOperator("Allreduce", ["cw", "x"], ["x"],
                                                       engine="GLOO"))
