@@ -9,6 +9,10 @@ busier machine does not count against us), and, for the models whose time is mos
 convolutions and matrix products, the share of this machine's sgemm rate the model reaches
 (its multiply-add FLOPs over its time, against numpy's 1024^3 sgemm measured here).
 
+``--train`` also times a training step of a small ResNet block (NCHW and NHWC: conv 3x3 ->
+SpatialBN -> Relu -> conv 3x3 -> SpatialBN -> + x -> Relu, forward and backward) against the
+floor its convolutions' FLOPs would take at this machine's sgemm rate.
+
 ``--profile`` also prints, per model, the time of each op type (each op run alone as a one-op
 net, in order, on the workspace the full run left behind) and their share of the total.
 
@@ -125,10 +129,52 @@ def profile(pred: caffe2_pb2.NetDef, runs: int) -> dict[str, float]:
     return per_type
 
 
+def train_step(order: str, runs: int, trials: int) -> tuple[float, float]:
+    """Seconds per forward + backward of the ResNet block, and its conv FLOPs."""
+    from ferrocaffe import core
+
+    n, c, hw = 8, 64, 16
+    workspace.ResetWorkspace()
+    rng = np.random.RandomState(0)
+    shape = (n, c, hw, hw) if order == "NCHW" else (n, hw, hw, c)
+    wshape = (c, c, 3, 3) if order == "NCHW" else (c, 3, 3, c)
+    net = core.Net(f"resblock_{order}")
+    feeds = {"x": rng.randn(*shape).astype(np.float32)}
+    x = "x"
+    h = x
+    for i in (1, 2):
+        feeds[f"w{i}"] = (rng.randn(*wshape) * 0.05).astype(np.float32)
+        feeds[f"b{i}"] = np.zeros(c, np.float32)
+        feeds[f"s{i}"] = np.ones(c, np.float32)
+        feeds[f"o{i}"] = np.zeros(c, np.float32)
+        feeds[f"rm{i}"] = np.zeros(c, np.float32)
+        feeds[f"rv{i}"] = np.ones(c, np.float32)
+        h = net.Conv([h, f"w{i}", f"b{i}"], f"conv{i}", kernel=3, pad=1, order=order)
+        h, _, _, _, _ = net.SpatialBN(
+            [h, f"s{i}", f"o{i}", f"rm{i}", f"rv{i}"],
+            [f"bn{i}", f"rm{i}", f"rv{i}", f"sm{i}", f"sv{i}"],
+            is_test=0, order=order, epsilon=1e-5, momentum=0.9,
+        )
+        if i == 1:
+            h = net.Relu(h, "relu1")
+    h = net.Sum([h, x], "sum")
+    h = net.Relu(h, "out")
+    loss = net.AveragedLoss(net.SumElements(h, "total"), "loss")
+    net.AddGradientOperators([loss])
+    for k, v in feeds.items():
+        workspace.FeedBlob(k, v)
+    workspace.CreateNet(net, overwrite=True)
+    t = time_net(net.Proto().name, runs, trials)
+    conv_flops = 2.0 * n * c * c * 9 * hw * hw
+    # Forward: two convs; backward: dW and dX of each (the first conv's dX included).
+    return t, 6 * conv_flops
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--models", help="comma-separated substrings of model names")
     ap.add_argument("--profile", action="store_true", help="time per op type")
+    ap.add_argument("--train", action="store_true", help="ResNet block training step too")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--trials", type=int, default=3)
     args = ap.parse_args()
@@ -164,6 +210,17 @@ def main() -> int:
             total = sum(per_type.values())
             for t, s in sorted(per_type.items(), key=lambda kv: -kv[1]):
                 print(f"    {t:28s} {s * 1e3:8.3f} ms  {s / total * 100:5.1f}%")
+    if args.train:
+        for order in ("NCHW", "NHWC"):
+            t, flops = train_step(order, args.runs, args.trials)
+            gflops = sgemm_gflops()
+            floor = flops / (gflops * 1e9)
+            print(
+                f"ResNet block training step {order} [8,64,16,16]: {t * 1e3:.3f} ms, "
+                f"sgemm-FLOP floor {floor * 1e3:.3f} ms ({floor / t * 100:.1f}% of sgemm peak; "
+                f"numpy sgemm {gflops:.1f} GFLOP/s)",
+                flush=True,
+            )
     if not rows:
         print("no model matched", file=sys.stderr)
         return 1
