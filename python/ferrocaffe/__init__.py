@@ -6,8 +6,10 @@ resolve to them.
 """
 
 from ferrocaffe import blas as _blas
+from ferrocaffe import collective as _collective
 from ferrocaffe._native import __version__
 
 _blas.autoload()
+_collective.configure()
 
 __all__ = ["__version__"]

@@ -10,6 +10,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod autodiff;
 mod blas;
 mod blob;
+mod collective;
 mod cuda;
 mod errors;
 mod graph;
@@ -87,6 +88,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     blob::register(m)?;
     autodiff::register(m)?;
     blas::register(m)?;
+    collective::register(m)?;
     cuda::register(m)?;
     workspace::register(m)?;
     Ok(())

@@ -9,7 +9,8 @@
 //! operator registry a workspace holds), [`ops`] (operator contract, registry, CPU kernels in
 //! `ops::cpu`; see its guide to adding a kernel family), [`serialize`] (blob records as Caffe2
 //! stores them), [`net`] (simple and dag executors, control ops), [`plan`] (execution steps),
-//! [`rnn`] (recurrent networks) and [`runtime`] (the default registry and
+//! [`rnn`] (recurrent networks), [`collective`] (collective ops over MPI loaded at run time) and
+//! [`runtime`] (the default registry and
 //! `Workspace::new`).
 //!
 //! The layers and the arrows between them are described in `docs/ARCHITECTURE.md` at the
@@ -27,6 +28,7 @@
 
 pub mod autodiff;
 pub mod blas;
+pub mod collective;
 pub mod cuda;
 pub mod device;
 pub mod error;

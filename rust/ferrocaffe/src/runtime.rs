@@ -12,12 +12,14 @@ use crate::ops::registry::Registry;
 use crate::workspace::Workspace;
 
 /// A registry holding every built-in operator: the CPU kernels ([`crate::ops::cpu`]), the
-/// control ops ([`crate::net::control`]) and the recurrent-network ops ([`crate::rnn`]).
+/// control ops ([`crate::net::control`]), the recurrent-network ops ([`crate::rnn`]) and the
+/// collective ops ([`crate::collective`]).
 pub fn builtin_registry() -> Registry {
     let mut r = Registry::new();
     crate::ops::cpu::register_all(&mut r);
     crate::net::control::register(&mut r);
     crate::rnn::register(&mut r);
+    crate::collective::register(&mut r);
     // Last: CUDA kernels, and the CPU fallback on CUDA for every type registered above.
     crate::cuda::register(&mut r);
     r

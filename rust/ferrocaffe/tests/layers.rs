@@ -84,8 +84,21 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
             ][..],
         ),
         (
+            "collective",
+            &["error", "proto", "device", "tensor", "workspace", "ops"][..],
+        ),
+        (
             "runtime",
-            &["error", "proto", "workspace", "ops", "net", "rnn", "cuda"][..],
+            &[
+                "error",
+                "proto",
+                "workspace",
+                "ops",
+                "net",
+                "rnn",
+                "cuda",
+                "collective",
+            ][..],
         ),
     ])
 }
