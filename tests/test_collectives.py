@@ -41,9 +41,10 @@ def _env(**extra):
     return env
 
 
-def _mpirun(n, script, *flags):
+def _mpirun(n, script, *flags, env=None):
     cmd = [MPIEXEC, *flags, "-n", str(n), sys.executable, os.path.join(SCRIPTS, script)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=GUARD_S, env=_env())
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=GUARD_S,
+                          env=env or _env())
 
 
 @needs_mpiexec
@@ -54,6 +55,18 @@ def test_every_op_and_dtype(n):
     assert p.returncode == 0, out
     for r in range(n):
         assert f"RANK {r} OK" in p.stdout, out
+
+
+@needs_mpiexec
+def test_every_op_through_the_standard_abi_library():
+    # The mpich wheel ships both libmpi.so.12 (MPICH's ABI, which mpi4py's wheel loads and the
+    # tests above use) and libmpi_abi.so.1 (the MPI 5.0 standard ABI, other handle values).
+    lib = os.path.join(os.path.dirname(os.path.dirname(MPIEXEC)), "lib", "libmpi_abi.so.1")
+    if not os.path.exists(lib):
+        pytest.skip(f"this mpiexec's MPI has no standard-ABI library ({lib})")
+    p = _mpirun(2, "collectives.py", env=_env(FERROCAFFE_MPI_LIBRARY=lib))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "RANK 0 OK" in p.stdout and "RANK 1 OK" in p.stdout, p.stdout + p.stderr
 
 
 @needs_mpiexec
@@ -124,6 +137,7 @@ def test_the_ops_are_registered_and_build_into_netdefs():
 def test_wrong_engine_and_schema_errors_name_the_op():
     workspace.ResetWorkspace()
     workspace.FeedBlob("x", np.ones(2, np.float32))
+    workspace.FeedBlob("cw", np.ones(1, np.float32))
     with pytest.raises(Exception, match="engine='MPI'"):
         workspace.RunOperatorOnce(core.CreateOperator("Allreduce", ["cw", "x"], ["x"],
                                                       engine="GLOO"))

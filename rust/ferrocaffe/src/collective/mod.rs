@@ -167,7 +167,10 @@ impl Common {
 fn world_of(ctx: &OpContext<'_>, c: &Common) -> Result<Arc<World>> {
     let blob = ctx.input_blob(0)?;
     let found = match blob {
-        Blob::Other(o) => o.as_any().downcast_ref::<CommonWorld>().map(|w| w.0.clone()),
+        Blob::Other(o) => o
+            .as_any()
+            .downcast_ref::<CommonWorld>()
+            .map(|w| w.0.clone()),
         _ => None,
     };
     let world = found.ok_or_else(|| {
@@ -201,7 +204,8 @@ fn finish(
             // MPI may still read or write these buffers: they are never freed.
             std::mem::forget(keep);
             std::mem::forget(extra_keep);
-            std::mem::forget(req);
+            // The request handle itself is plain data; MPI keeps the operation.
+            let _ = req;
             let why = format!(
                 "{} on common world '{}' timed out after {} ms (rank {} of {}): another rank \
                  did not take part in time (it may have died, or run different ops)",
@@ -310,8 +314,16 @@ fn check_pairs(init: &OpInit<'_>, enforce: bool) -> Result<()> {
 
 fn create_world(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let c = Common::new(init)?;
-    let size = init.args.has("size").then(|| init.args.int("size", 0)).transpose()?;
-    let rank = init.args.has("rank").then(|| init.args.int("rank", 0)).transpose()?;
+    let size = init
+        .args
+        .has("size")
+        .then(|| init.args.int("size", 0))
+        .transpose()?;
+    let rank = init
+        .args
+        .has("rank")
+        .then(|| init.args.int("rank", 0))
+        .transpose()?;
     let name = init.def.output.first().cloned().unwrap_or_default();
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let mpi = mpi::get().map_err(|e| err!(Runtime: "{}: {e}", c.op))?;
@@ -523,7 +535,13 @@ fn broadcast_run(
     let hbytes = mpi::count(HEADER_LEN * 8, &c.op)?;
     // SAFETY: the boxed header holds HEADER_LEN i64s and is leaked on failure.
     let req = unsafe {
-        mpi.ibcast(header.as_mut_ptr().cast(), hbytes, mpi.consts.byte(), root, world.comm)?
+        mpi.ibcast(
+            header.as_mut_ptr().cast(),
+            hbytes,
+            mpi.consts.byte(),
+            root,
+            world.comm,
+        )?
     };
     if let Err(e) = finish(mpi, c, world, req, Vec::new(), Vec::new()) {
         std::mem::forget(header);
@@ -656,7 +674,10 @@ fn allgather_run(
         out_dims[0] = total_rows;
     }
     let item = dtype.item_size();
-    let mine = rows.saturating_mul(per_row).saturating_mul(item).saturating_mul(n);
+    let mine = rows
+        .saturating_mul(per_row)
+        .saturating_mul(item)
+        .saturating_mul(n);
     let cnt = mpi::count(mine, &c.op)?;
     mpi::count(mine.saturating_mul(size), &c.op)?;
     // This rank's contribution: its inputs, in order, as one buffer.
@@ -802,7 +823,9 @@ fn send_run(
     p: P2p,
 ) -> Result<()> {
     let (dst, tag) = peer_and_tag(ctx, c, &p)?;
-    let dst = dst.ok_or_else(|| err!(BadArgument: "{}: no destination rank (argument 'dst' or input 2)", c.op))?;
+    let dst = dst.ok_or_else(
+        || err!(BadArgument: "{}: no destination rank (argument 'dst' or input 2)", c.op),
+    )?;
     if dst >= world.size {
         bail!(BadArgument: "{}: dst {dst} is not a rank of a world of size {}", c.op, world.size);
     }
@@ -813,9 +836,7 @@ fn send_run(
         let header = Box::new(encode_header(c, x)?);
         let hcnt = mpi::count(HEADER_LEN * 8, &c.op)?;
         // SAFETY: the boxed header lives until done (leaked on failure).
-        let req = unsafe {
-            mpi.isend(header.as_ptr().cast(), hcnt, byte, dst, tag, world.comm)?
-        };
+        let req = unsafe { mpi.isend(header.as_ptr().cast(), hcnt, byte, dst, tag, world.comm)? };
         if let Err(e) = finish(mpi, c, world, req, Vec::new(), Vec::new()) {
             std::mem::forget(header);
             return Err(e);
@@ -849,9 +870,8 @@ fn receive_run(
         let mut header = Box::new([0i64; HEADER_LEN]);
         let hcnt = mpi::count(HEADER_LEN * 8, &c.op)?;
         // SAFETY: the boxed header lives until done (leaked on failure).
-        let req = unsafe {
-            mpi.irecv(header.as_mut_ptr().cast(), hcnt, byte, src, tag, world.comm)?
-        };
+        let req =
+            unsafe { mpi.irecv(header.as_mut_ptr().cast(), hcnt, byte, src, tag, world.comm)? };
         let st = match finish(mpi, c, world, req, Vec::new(), Vec::new()) {
             Ok(st) => st,
             Err(e) => {
@@ -997,14 +1017,22 @@ fn on_cuda(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
 
 /// `(generic name, Caffe2's MPI name, factory)` of every op.
 const OPS: [(&str, Option<&str>, Factory); 10] = [
-    ("CreateCommonWorld", Some("MPICreateCommonWorld"), create_world),
+    (
+        "CreateCommonWorld",
+        Some("MPICreateCommonWorld"),
+        create_world,
+    ),
     ("CloneCommonWorld", None, clone_world),
     ("DestroyCommonWorld", None, destroy_world),
     ("Allreduce", Some("MPIAllreduce"), create_allreduce),
     ("Broadcast", Some("MPIBroadcast"), create_broadcast),
     ("Reduce", Some("MPIReduce"), create_reduce),
     ("Allgather", Some("MPIAllgather"), create_allgather),
-    ("ReduceScatter", Some("MPIReduceScatter"), create_reduce_scatter),
+    (
+        "ReduceScatter",
+        Some("MPIReduceScatter"),
+        create_reduce_scatter,
+    ),
     ("Barrier", None, create_barrier),
     ("SendTensor", Some("MPISendTensor"), create_send),
 ];
@@ -1069,7 +1097,10 @@ mod tests {
         };
         let t = Tensor::from_vec(&[2, 3], vec![0i64; 6]).unwrap();
         let h = encode_header(&c, &t).unwrap();
-        assert_eq!(decode_header(&c, &h).unwrap(), (DataType::Int64, vec![2, 3]));
+        assert_eq!(
+            decode_header(&c, &h).unwrap(),
+            (DataType::Int64, vec![2, 3])
+        );
         let mut bad = h;
         bad[1] = 99;
         assert!(decode_header(&c, &bad).is_err());
@@ -1080,6 +1111,8 @@ mod tests {
     #[test]
     fn ops_without_the_mpi_engine_or_on_cuda_say_so() {
         let ws = Workspace::new();
+        ws.feed("cw", Tensor::scalar(1.0f32));
+        ws.feed("x", Tensor::scalar(1.0f32));
         let e = ws
             .run_operator_once(&op("Allreduce", &["cw", "x"], &["x"], ""))
             .unwrap_err()
@@ -1119,6 +1152,10 @@ mod tests {
     #[test]
     fn bad_arguments_are_refused_at_creation() {
         let ws = Workspace::new();
+        ws.feed("cw", Tensor::scalar(1.0f32));
+        ws.feed("a", Tensor::scalar(1.0f32));
+        ws.feed("b", Tensor::scalar(1.0f32));
+        ws.feed("x", Tensor::scalar(1.0f32));
         let mut d = op("CreateCommonWorld", &[], &["cw"], "MPI");
         d.arg.push(Argument::int("timeout_ms", -5));
         let e = ws.run_operator_once(&d).unwrap_err().to_string();
@@ -1132,7 +1169,10 @@ mod tests {
             .run_operator_once(&op("Allreduce", &["cw", "a", "b"], &["a"], "MPI"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("2 outputs") || e.contains("n tensors out"), "{e}");
+        assert!(
+            e.contains("2 outputs") || e.contains("n tensors out"),
+            "{e}"
+        );
     }
 
     #[test]

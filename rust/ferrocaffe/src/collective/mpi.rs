@@ -390,12 +390,16 @@ fn detect_abi(lib: &libloading::Library, path: &str) -> std::result::Result<Abi,
     if has("MPIR_Init_thread") || has("MPID_Init") {
         return Ok(Abi::Mpich);
     }
-    Err(format!("{path}: unknown MPI ABI (neither the MPI 5.0 standard ABI nor MPICH's)"))
+    Err(format!(
+        "{path}: unknown MPI ABI (neither the MPI 5.0 standard ABI nor MPICH's)"
+    ))
 }
 
 fn load() -> std::result::Result<Mpi, String> {
     let mut names: Vec<String> = Vec::new();
-    let env = std::env::var(LIBRARY_ENV).ok().filter(|s| !s.trim().is_empty());
+    let env = std::env::var(LIBRARY_ENV)
+        .ok()
+        .filter(|s| !s.trim().is_empty());
     if let Some(p) = &env {
         names.push(p.trim().to_string());
     } else {
@@ -553,7 +557,9 @@ impl Mpi {
         });
         let len = usize::try_from(len).unwrap_or(0).min(buf.len());
         let text: String = buf[..len].iter().map(|&c| c as u8 as char).collect();
-        Err(Error::Runtime(format!("{what} failed: {text} (MPI error {rc})")))
+        Err(Error::Runtime(format!(
+            "{what} failed: {text} (MPI error {rc})"
+        )))
     }
 
     /// `MPI_COMM_WORLD`.
@@ -607,11 +613,7 @@ impl Mpi {
         self.check(rc, "MPI_Comm_free")
     }
 
-    fn start(
-        &self,
-        what: &str,
-        call: impl FnOnce(&Api, &mut i64) -> c_int,
-    ) -> Result<Request> {
+    fn start(&self, what: &str, call: impl FnOnce(&Api, &mut i64) -> c_int) -> Result<Request> {
         let mut req = self.consts.request_null;
         let rc = {
             let _g = call_lock();
@@ -910,7 +912,10 @@ impl Mpi {
             };
             if rc != 0 {
                 return Err(WaitError::Failed(
-                    self.check(rc, "MPI_Test").err().map(|e| e.to_string()).unwrap_or_default(),
+                    self.check(rc, "MPI_Test")
+                        .err()
+                        .map(|e| e.to_string())
+                        .unwrap_or_default(),
                 ));
             }
             if flag != 0 {
@@ -956,7 +961,10 @@ mod tests {
 
     #[test]
     fn handles_round_trip_at_both_widths() {
-        assert_eq!(<c_int as Handle>::from_raw(0x4400_0000).to_raw(), 0x4400_0000);
+        assert_eq!(
+            <c_int as Handle>::from_raw(0x4400_0000).to_raw(),
+            0x4400_0000
+        );
         assert_eq!(<isize as Handle>::from_raw(0x101).to_raw(), 0x101);
     }
 
