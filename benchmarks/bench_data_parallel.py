@@ -198,11 +198,13 @@ def main():
                   f"{allreduce_time(alpha, bw, p, sizes) * 1e3:>19.3f}{flag}")
         print(f"  alpha-beta model for N hosts (t1 = {t1 * 1e3:.3f} ms of compute per iteration, "
               f"no overlap): efficiency t1 / (t1 + t_allreduce)")
-        print(f"  {'N':>4} {'this machine':>22} {f'{args.net_gbit:g} Gbit/s, {args.net_alpha_us:g} us':>26}")
+        here = f"alpha {alpha * 1e6:.1f} us, {bw / 1e9:.2f} GB/s (fit)"
+        there = f"{args.net_gbit:g} Gbit/s, {args.net_alpha_us:g} us"
+        print(f"  {'N':>4} {here:>30} {there:>26}")
         for n_hosts in [2, 4, 8, 16, 64, 256]:
             local = allreduce_time(alpha, bw, n_hosts, sizes)
             net = allreduce_time(net_alpha, net_bw, n_hosts, sizes)
-            print(f"  {n_hosts:>4} {local * 1e3:>9.3f} ms {t1 / (t1 + local):>8.2f} "
+            print(f"  {n_hosts:>4} {local * 1e3:>17.3f} ms {t1 / (t1 + local):>8.2f} "
                   f"{net * 1e3:>13.3f} ms {t1 / (t1 + net):>8.2f}")
 
 
