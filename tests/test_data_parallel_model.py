@@ -381,6 +381,19 @@ def test_mpi_rendezvous_optional_keys_and_store_handler():
     assert _args(create)["transport"] == b"tcp"
 
 
+def test_rendezvous_timeout_ms_sets_the_collectives_worlds_not_the_barrier():
+    model = _mlp_model(dict(RENDEZVOUS, timeout_ms=2500))
+    creates = [op for op in model.param_init_net.Proto().op if op.type == "CreateCommonWorld"]
+    assert creates and all(_args(op)["timeout_ms"] == 2500 for op in creates)
+    barrier = next(
+        op for op in model._barrier_init_net.Proto().op if op.type == "CreateCommonWorld"
+    )
+    assert _args(barrier)["timeout_ms"] == 300 * 1000
+    default = _mlp_model(dict(RENDEZVOUS), name="dpm_mpi_default")
+    create = next(op for op in default.param_init_net.Proto().op if op.type == "CreateCommonWorld")
+    assert _args(create)["timeout_ms"] == 30 * 1000
+
+
 def test_more_gradients_than_common_worlds_chain_by_control_input():
     model = model_helper.ModelHelper(name="dpm_mpi_two")
     data_parallel_model.Parallelize_CPU(

@@ -24,7 +24,10 @@ adds ``CreateCommonWorld`` ops to ``param_init_net`` and ``Allreduce`` / ``Broad
 ``Barrier`` ops with that engine to the nets. Each collective op takes every device's blob of
 a group at once (inputs ``[common_world] + blobs``, outputs ``blobs``), the layout Caffe2 used
 for its Gloo engine. The engines ferrocaffe runs are listed in ``COLLECTIVE_ENGINES`` (``MPI``);
-any other engine is refused when the model is parallelized.
+any other engine is refused when the model is parallelized. An optional ``timeout_ms`` in the
+rendezvous (not in Caffe2) sets the timeout of the common worlds of the Allreduce / Broadcast
+ops (30 s otherwise); a shard that dies makes the others fail with an error naming the op once
+it passes. The barrier before each training run keeps ``barrier_net_timeout_sec``.
 """
 
 from __future__ import annotations
@@ -1112,8 +1115,14 @@ def _AllReduceBlobsSingleHost(blob_names, devices, model, net, use_nccl):
 
 def _BroadcastComputedParams(devices, model, rendezvous, use_nccl=False):
     _BroadcastComputedParamsSingleHost(devices, model, use_nccl)
-    if rendezvous is not None:
-        log.warning("Distributed broadcast of computed params is not implemented yet")
+    if rendezvous is not None and model._computed_param_names:
+        # As in Caffe2: each shard keeps its own computed parameters (e.g. SpatialBN's running
+        # statistics); warn only where there are some.
+        log.warning(
+            "Distributed broadcast of computed params is not implemented yet: each shard "
+            "keeps its own %s",
+            ", ".join(sorted(model._computed_param_names)),
+        )
 
 
 def _BroadcastComputedParamsSingleHost(devices, model, use_nccl=False):
@@ -1339,11 +1348,13 @@ def OptimizeGradientMemory(model, input_shapes, excluded_blobs, recycle_activati
 def _CreateOrCloneCommonWorld(net, common_world_blob, rendezvous, name=None, timeout_sec=None):
     """A common world for collective ops in ``net``: a CloneCommonWorld of the first
     CreateCommonWorld there with the same timeout, else a new CreateCommonWorld (size
-    ``num_shards``, rank ``shard_id``, ``timeout_ms``, inputs: the ``kv_handler``)."""
+    ``num_shards``, rank ``shard_id``, ``timeout_ms``, inputs: the ``kv_handler``). Without
+    ``timeout_sec``, the timeout is the rendezvous's ``timeout_ms`` if it has one, else 30 s."""
     _check_rendezvous(rendezvous)
-    if timeout_sec is None:
-        timeout_sec = _DEFAULT_TIMEOUT_SEC
-    timeout_ms = timeout_sec * 1000
+    if timeout_sec is not None:
+        timeout_ms = int(timeout_sec * 1000)
+    else:
+        timeout_ms = int(rendezvous.get("timeout_ms", _DEFAULT_TIMEOUT_SEC * 1000))
 
     existing = None
     for op in net.Proto().op:
