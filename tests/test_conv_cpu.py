@@ -119,3 +119,40 @@ def test_conv_gradient_without_dx_and_on_an_empty_batch():
     workspace.RunOperatorOnce(core.CreateOperator("ConvGradient", ["x", "w", "dy"], ["dw", "db"]))
     assert not workspace.FetchBlob("dw").any() and workspace.FetchBlob("dw").shape == (3, 2, 3, 3)
     assert not workspace.FetchBlob("db").any()
+
+
+@pytest.mark.parametrize("net_type", ["simple", "dag"])
+@pytest.mark.parametrize("group", [1, 4])
+def test_an_inplace_relu_after_a_conv_gives_what_the_two_ops_give(net_type, group):
+    """The net folds the Relu into the convolution; the blobs must be those of running the
+    ops one by one (negative outputs included, so a Relu left out would show)."""
+    from ferrocaffe.proto import caffe2_pb2
+
+    rng = np.random.RandomState(3)
+    feeds = {
+        "x": rng.randn(3, 4, 8, 8).astype(np.float32),
+        "w": rng.randn(4, 4 // group, 3, 3).astype(np.float32),
+        "b": rng.randn(4).astype(np.float32),
+    }
+    ops = [
+        core.CreateOperator("Conv", ["x", "w", "b"], ["y"], kernel=3, pad=1, group=group),
+        core.CreateOperator("Relu", ["y"], ["y"]),
+        core.CreateOperator("Relu", ["y"], ["z"]),  # not in place: runs as an op
+        core.CreateOperator("Conv", ["z", "w"], ["u"], kernel=3, group=group),
+        core.CreateOperator("Relu", ["u"], ["u"]),
+    ]
+    workspace.ResetWorkspace()
+    for k, v in feeds.items():
+        workspace.FeedBlob(k, v)
+    for o in ops:
+        workspace.RunOperatorOnce(o)
+    want = {b: workspace.FetchBlob(b) for b in ("y", "z", "u")}
+    assert (want["u"] == 0).any() and (want["u"] > 0).any()
+    workspace.ResetWorkspace()
+    for k, v in feeds.items():
+        workspace.FeedBlob(k, v)
+    net = caffe2_pb2.NetDef(name="fused", type=net_type)
+    net.op.extend(ops)
+    workspace.RunNetOnce(net)
+    for b, v in want.items():
+        np.testing.assert_array_equal(workspace.FetchBlob(b), v, err_msg=b)

@@ -930,10 +930,13 @@ impl Mpi {
                 ABANDONED.store(true, std::sync::atomic::Ordering::SeqCst);
                 return Err(WaitError::TimedOut(Request(raw_req)));
             }
-            if now.duration_since(started) < Duration::from_millis(5) {
+            // Yield briefly (a collective between ranks on one machine completes within
+            // microseconds when every rank has a core), then sleep: ranks that share cores
+            // (more processes than cores) need those cores to make progress.
+            if now.duration_since(started) < Duration::from_micros(100) {
                 std::thread::yield_now();
             } else {
-                std::thread::sleep(Duration::from_micros(200));
+                std::thread::sleep(Duration::from_micros(100));
             }
         }
     }

@@ -164,6 +164,22 @@ impl OpInstance {
         &self.outputs
     }
 
+    /// Whether this op is a `Relu` on the CPU that writes the first output of `prev` in place
+    /// (and does nothing else), so that `prev` may apply it instead.
+    fn is_inplace_relu_after(&self, prev: &OpInstance) -> bool {
+        self.def.r#type() == "Relu"
+            && self.device == Device::Cpu
+            && prev.device == Device::Cpu
+            && self.inputs.len() == 1
+            && self.outputs.len() == 1
+            && self.def.control_input.is_empty()
+            && Arc::ptr_eq(&self.inputs[0], &self.outputs[0])
+            && prev
+                .outputs
+                .first()
+                .is_some_and(|y| Arc::ptr_eq(y, &self.inputs[0]))
+    }
+
     /// Handles of the `control_input` blobs (read for ordering, never locked).
     pub fn control_inputs(&self) -> &[BlobHandle] {
         &self.control
@@ -248,6 +264,22 @@ pub struct Net {
     exec: Executor,
 }
 
+/// Folds each in-place `Relu` into the op before it where that op applies it itself
+/// ([`Operator::fuse_relu`]: a convolution does it on each image while it is in cache): the
+/// net computes the same blobs with one pass over the output and one dispatch fewer.
+fn fuse_relus(ops: Vec<OpInstance>) -> Vec<OpInstance> {
+    let mut out: Vec<OpInstance> = Vec::with_capacity(ops.len());
+    for op in ops {
+        if let Some(prev) = out.last_mut() {
+            if op.is_inplace_relu_after(prev) && prev.op.fuse_relu() {
+                continue;
+            }
+        }
+        out.push(op);
+    }
+    out
+}
+
 /// Instantiates the ops of `def` in order (the net's device option applies to ops without one).
 pub fn instantiate_ops(def: &NetDef, ws: &Arc<Workspace>) -> Result<Vec<OpInstance>> {
     let mut ops = Vec::with_capacity(def.op.len());
@@ -269,7 +301,7 @@ impl Net {
     /// Instantiates `def` in `ws`.
     pub fn new(def: &NetDef, ws: &Arc<Workspace>) -> Result<Net> {
         let dag = is_dag(def.r#type())?;
-        let ops = instantiate_ops(def, ws)?;
+        let ops = fuse_relus(instantiate_ops(def, ws)?);
         let exec = if dag {
             Executor::Dag(dag::DagNet::new(ops, def.num_workers()))
         } else {
@@ -292,7 +324,7 @@ impl Net {
         self.ws.upgrade()
     }
 
-    /// Number of ops.
+    /// Number of ops it runs (an in-place `Relu` fused into the op before it is not one).
     pub fn num_ops(&self) -> usize {
         match &self.exec {
             Executor::Simple(s) => s.ops.len(),

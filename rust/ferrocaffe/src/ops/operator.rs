@@ -29,6 +29,13 @@ pub trait Operator: Send {
     fn locks_blobs(&self) -> bool {
         true
     }
+
+    /// Asks the op to apply `Relu` to its first output itself, at the end of each run: the
+    /// net calls it for an in-place `Relu` that follows the op, and drops that `Relu` when the
+    /// op answers true (the default answers false: the `Relu` runs as an op of its own).
+    fn fuse_relu(&mut self) -> bool {
+        false
+    }
 }
 
 /// A closure-backed operator, for simple kernels: `Box::new(FnOp(move |ctx| ...))`.

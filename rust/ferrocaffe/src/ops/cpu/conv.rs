@@ -130,6 +130,8 @@ struct Conv {
     group: usize,
     gradient: bool,
     no_bias: bool,
+    /// Apply a following in-place Relu (see [`Operator::fuse_relu`]).
+    relu: bool,
 }
 
 impl Conv {
@@ -198,7 +200,11 @@ impl Conv {
             return Ok(());
         }
         if d.group == d.c && d.m == d.c {
-            return depthwise::forward(&self.g, &d, xs, ws, bias, y);
+            depthwise::forward(&self.g, &d, xs, ws, bias, y)?;
+            if self.relu {
+                relu_in_place(y);
+            }
+            return Ok(());
         }
         let plan = Plan::new(&self.g, &d)?;
         // Images are shared out to the team of compute threads, a few consecutive images per
@@ -316,6 +322,9 @@ impl Conv {
                     }
                 }
             }
+        }
+        if self.relu {
+            relu_in_place(yi);
         }
         Ok(())
     }
@@ -512,6 +521,18 @@ impl Operator for Conv {
             self.forward(ctx)
         }
     }
+
+    fn fuse_relu(&mut self) -> bool {
+        self.relu = !self.gradient;
+        self.relu
+    }
+}
+
+/// Relu as the op computes it: `v > 0 ? v : 0` (NaN gives 0, as there).
+fn relu_in_place(y: &mut [f32]) {
+    for v in y {
+        *v = if *v > 0.0 { *v } else { 0.0 };
+    }
 }
 
 fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
@@ -525,5 +546,6 @@ fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
         group,
         gradient,
         no_bias: init.args.bool("no_bias", false)?,
+        relu: false,
     }))
 }
