@@ -125,3 +125,31 @@ def test_a_second_different_library_is_refused(restore_backend):
         pytest.skip("numpy bundles no OpenBLAS here: nothing is loaded to conflict with")
     with pytest.raises(ValueError, match="already loaded"):
         blas.load(native.__file__)
+
+
+def _threads_with(value):
+    env = {k: v for k, v in os.environ.items() if k != "FERROCAFFE_NUM_THREADS"}
+    if value is not None:
+        env["FERROCAFFE_NUM_THREADS"] = value
+    code = (
+        "import numpy as np; from ferrocaffe import blas, workspace, core\n"
+        "workspace.FeedBlob('x', np.ones((256, 256), np.float32))\n"
+        "workspace.RunOperatorOnce(core.CreateOperator('MatMul', ['x', 'x'], ['y']))\n"
+        "assert (workspace.FetchBlob('y') == 256).all()\n"
+        "print(blas.num_threads())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.strip())
+
+
+def test_the_compute_team_is_sized_to_the_machine_and_capped_by_the_environment():
+    cores = len(os.sched_getaffinity(0))
+    assert _threads_with(None) == cores
+    assert _threads_with("1") == 1
+    assert _threads_with(str(cores + 5)) == cores
+    # Not a positive integer: ignored.
+    assert _threads_with("0") == cores
+    assert _threads_with("many") == cores

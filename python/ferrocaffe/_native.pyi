@@ -189,6 +189,10 @@ def kernel_types() -> list[str]:
 def blas_load(path: str | os.PathLike[str]) -> None: ...
 def blas_set_enabled(enabled: bool) -> None: ...
 def blas_backend() -> str: ...
+def num_threads() -> int:
+    """Threads of the compute team, the caller included: the machine's cores, capped by
+    ``FERROCAFFE_NUM_THREADS``."""
+    ...
 def blas_set_small_kernels(enabled: bool) -> None: ...
 
 class BlobName:
@@ -213,3 +217,16 @@ class GradientMap:
     def fill(self, d: dict) -> None:
         """Sets the entries in ``d`` (with the slice type and reference class of the call
         that made this map)."""
+
+# Collectives (MPI, loaded at run time; see ferrocaffe/collective.py).
+def mpi_set_library_candidates(paths: list[str]) -> None:
+    """MPI libraries to try (after ``FERROCAFFE_MPI_LIBRARY`` and one already loaded in the
+    process) before the default names."""
+    ...
+def mpi_library() -> tuple[str, str, bool] | None:
+    """``(path, abi, initialized_here)`` of the loaded MPI library (``abi``: ``'standard'`` or
+    ``'mpich'``), or None before the first collective op ran."""
+    ...
+def mpi_finalize() -> bool:
+    """Finalizes MPI if ferrocaffe initialized it and no request was abandoned."""
+    ...

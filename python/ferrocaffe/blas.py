@@ -6,14 +6,15 @@ single-precision GEMM. ``import ferrocaffe`` picks the backend:
 - ``FERROCAFFE_BLAS`` unset, or ``gemm``: ferrocaffe's own (``backend() == 'gemm'``):
   products with one small dimension (an RNN step's batch, a weight gradient summed over a
   batch) on its AVX-512/AVX2 kernels, which read the large operand in place, the rest on the
-  pure-Rust ``gemm`` crate; products above a megaflop are shared out between the calling
-  thread and one helper thread;
+  pure-Rust ``gemm`` crate; products above a megaflop are shared out to one team of compute
+  threads (``num_threads()``: the machine's cores, ``FERROCAFFE_NUM_THREADS=n`` caps it), which
+  convolutions, pooling and element-wise work use too;
 - ``FERROCAFFE_BLAS=numpy``: the OpenBLAS that numpy's wheels bundle (``numpy.libs``), or else
   the ``scipy-openblas32`` / ``scipy-openblas64`` package, for every product;
 - ``FERROCAFFE_BLAS=/path/to/libcblas.so``: that CBLAS library (``cblas_sgemm`` exported).
 
 On small machines a BLAS library's worker threads keep spinning on a core for a while after
-each product (OpenBLAS 0.3: about 0.1 s), and so does ferrocaffe's helper (0.3 ms): a program
+each product (OpenBLAS 0.3: about 0.1 s), and so do ferrocaffe's compute threads (0.3 ms): a program
 that alternates large numpy products with ferrocaffe nets on 2 cores may do better sharing
 numpy's OpenBLAS (``FERROCAFFE_BLAS=numpy``), one pool for both.
 """
@@ -24,7 +25,7 @@ import os
 
 from ferrocaffe import _native
 
-__all__ = ["autoload", "backend", "load", "use_cblas", "use_small_kernels"]
+__all__ = ["autoload", "backend", "load", "num_threads", "use_cblas", "use_small_kernels"]
 
 
 def load(path):
@@ -41,6 +42,13 @@ def use_small_kernels(enabled):
     """Turns ferrocaffe's own kernels for products with one small dimension (RNN steps, batch
     weight gradients; x86-64 CPUs with AVX-512 or AVX2) on or off; they are on by default."""
     _native.blas_set_small_kernels(bool(enabled))
+
+
+def num_threads():
+    """Threads that share out one piece of work (products, convolutions, element-wise work),
+    the calling thread included: the machine's cores, or ``FERROCAFFE_NUM_THREADS`` if lower
+    (read once, at the first parallel piece of work)."""
+    return _native.num_threads()
 
 
 def backend():

@@ -34,10 +34,17 @@ fn blas_backend() -> PyResult<String> {
     guard_ok("blas_backend", ferrocaffe::blas::backend)
 }
 
+/// Threads of the compute team, the caller included (`FERROCAFFE_NUM_THREADS` caps it).
+#[pyfunction]
+fn num_threads() -> PyResult<usize> {
+    guard_ok("num_threads", ferrocaffe::threads::num_threads)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(blas_load, m)?)?;
     m.add_function(wrap_pyfunction!(blas_set_enabled, m)?)?;
     m.add_function(wrap_pyfunction!(blas_backend, m)?)?;
     m.add_function(wrap_pyfunction!(blas_set_small_kernels, m)?)?;
+    m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     Ok(())
 }
