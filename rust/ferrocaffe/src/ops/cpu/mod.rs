@@ -99,6 +99,7 @@ pub mod nn;
 pub mod norm;
 pub mod optim;
 pub mod pad_image;
+pub(crate) mod par;
 pub mod pool;
 pub mod queue;
 pub mod reduce;
