@@ -220,14 +220,18 @@ fn prelu(ctx: &mut OpContext<'_>, nhwc: bool, gradient: bool) -> Result<()> {
             None => ins.tensor(0)?.as_slice::<f32>()?,
         };
         let y = outs.tensor(0)?.ensure::<f32>(&dims);
+        // Both sides computed, then selected: the loops vectorize (a branch per value would
+        // mispredict on signs at random).
         prelu_runs(x, y, &slope, map, &|_, w, xs, o| {
-            if let [w] = w {
+            if let &[w] = w {
                 for (o, &v) in o.iter_mut().zip(xs) {
-                    *o = if v > 0.0 { v } else { v * w };
+                    let neg = v * w;
+                    *o = if v > 0.0 { v } else { neg };
                 }
             } else {
                 for ((o, &v), &w) in o.iter_mut().zip(xs).zip(w) {
-                    *o = if v > 0.0 { v } else { v * w };
+                    let neg = v * w;
+                    *o = if v > 0.0 { v } else { neg };
                 }
             }
         });
@@ -264,7 +268,8 @@ fn prelu(ctx: &mut OpContext<'_>, nhwc: bool, gradient: bool) -> Result<()> {
             Slopes::Pixels { c } => {
                 for (xp, gp) in x.chunks(c).zip(g.chunks(c)) {
                     for ((d, &v), &gv) in ds.iter_mut().zip(xp).zip(gp) {
-                        *d += if v > 0.0 { 0.0 } else { gv * v };
+                        let p = gv * v;
+                        *d += if v > 0.0 { 0.0 } else { p };
                     }
                 }
             }
@@ -272,13 +277,15 @@ fn prelu(ctx: &mut OpContext<'_>, nhwc: bool, gradient: bool) -> Result<()> {
         let dx = outs.tensor(0)?.ensure::<f32>(&dims);
         prelu_runs(x, dx, &slope, map, &|off, w, xs, o| {
             let gs = &g[off..off + xs.len()];
-            if let [w] = w {
+            if let &[w] = w {
                 for ((o, &v), &gv) in o.iter_mut().zip(xs).zip(gs) {
-                    *o = if v > 0.0 { gv } else { gv * w };
+                    let neg = gv * w;
+                    *o = if v > 0.0 { gv } else { neg };
                 }
             } else {
                 for (((o, &v), &gv), &w) in o.iter_mut().zip(xs).zip(gs).zip(w) {
-                    *o = if v > 0.0 { gv } else { gv * w };
+                    let neg = gv * w;
+                    *o = if v > 0.0 { gv } else { neg };
                 }
             }
         });
@@ -295,7 +302,8 @@ fn masked_dot(x: &[f32], g: &[f32]) -> f32 {
     let (rx, rg) = (cx.remainder(), cg.remainder());
     for (xs, gs) in cx.zip(cg) {
         for i in 0..8 {
-            acc[i] += if xs[i] > 0.0 { 0.0 } else { gs[i] * xs[i] };
+            let p = gs[i] * xs[i];
+            acc[i] += if xs[i] > 0.0 { 0.0 } else { p };
         }
     }
     let mut s: f32 = acc.iter().sum();

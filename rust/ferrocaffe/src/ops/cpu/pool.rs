@@ -125,34 +125,45 @@ impl Pool {
     }
 }
 
-/// Forward over NCHW planes: `y` holds whole output planes starting at plane `first`.
-fn forward_nchw(p: &Pool, s: Shape, rows: &[Win], cols: &[Win], x: &[f32], first: usize, y: &mut [f32]) {
+/// Forward over NCHW planes: `y` holds whole output planes starting at plane `first`. Each
+/// output row first reduces the input rows of its window column by column into `acc` (`w`
+/// values; contiguous, so it vectorizes), then each output reduces its columns of `acc`.
+#[allow(clippy::too_many_arguments)]
+fn forward_nchw(
+    p: &Pool,
+    s: Shape,
+    rows: &[Win],
+    cols: &[Win],
+    x: &[f32],
+    first: usize,
+    y: &mut [f32],
+    acc: &mut [f32],
+) {
     let (_, _, h, w, _, _, oh, ow) = s;
+    let init = if p.max { f32::NEG_INFINITY } else { 0.0 };
     for (k, yp) in y.chunks_mut(oh * ow).enumerate() {
         let plane = first + k;
         let xp = &x[plane * h * w..(plane + 1) * h * w];
         for (r, yrow) in rows.iter().zip(yp.chunks_mut(ow)) {
-            let xrows = &xp[r.start * w..r.end * w];
-            if p.max {
-                for (o, c) in yrow.iter_mut().zip(cols) {
-                    let mut m = f32::NEG_INFINITY;
-                    for xr in xrows.chunks_exact(w) {
-                        for &v in &xr[c.start..c.end] {
-                            m = m.max(v);
-                        }
+            acc.fill(init);
+            for xr in xp[r.start * w..r.end * w].chunks_exact(w) {
+                if p.max {
+                    for (a, &v) in acc.iter_mut().zip(xr) {
+                        *a = a.max(v);
                     }
-                    *o = m;
-                }
-            } else {
-                for (o, c) in yrow.iter_mut().zip(cols) {
-                    let mut sum = 0f32;
-                    for xr in xrows.chunks_exact(w) {
-                        for &v in &xr[c.start..c.end] {
-                            sum += v;
-                        }
+                } else {
+                    for (a, &v) in acc.iter_mut().zip(xr) {
+                        *a += v;
                     }
-                    *o = sum / p.divisor(r, c);
                 }
+            }
+            for (o, c) in yrow.iter_mut().zip(cols) {
+                let taps = &acc[c.start..c.end];
+                *o = if p.max {
+                    taps.iter().fold(init, |m, &v| m.max(v))
+                } else {
+                    taps.iter().sum::<f32>() / p.divisor(r, c)
+                };
             }
         }
     }
@@ -316,7 +327,9 @@ impl Operator for Pool {
             } else {
                 let unit = oh * ow;
                 for_each_chunk(y, unit, unit.saturating_mul(win), &|first, part| {
-                    forward_nchw(self, s, &rows, &cols, xs, first, part)
+                    // One input row of scratch (w <= X's size).
+                    let mut acc = vec![0f32; w];
+                    forward_nchw(self, s, &rows, &cols, xs, first, part, &mut acc)
                 });
             }
             return Ok(());
