@@ -99,14 +99,11 @@ fn tanh_f32(x: f32) -> f32 {
     let p = x2.mul_add(p, -17.0 / 315.0);
     let p = x2.mul_add(p, 2.0 / 15.0);
     let p = x2.mul_add(p, -1.0 / 3.0);
-    let small = (x * x2).mul_add(p, x);
+    let small = (a * x2).mul_add(p, a);
     let e = super::rnn_units::exp(2.0 * a);
-    let big = (1.0 - 2.0 / (e + 1.0)).copysign(x);
-    if a < 0.3 {
-        small
-    } else {
-        big
-    }
+    let big = 1.0 - 2.0 / (e + 1.0);
+    // Odd: computed for |x|, given the sign of x (so tanh(-0) = -0).
+    (if a < 0.3 { small } else { big }).copysign(x)
 }
 
 /// [`tanh_f32`] over a slice (compiled per SIMD level, chosen at run time).

@@ -88,6 +88,8 @@ pub mod fc;
 pub mod fill;
 pub mod fp16;
 pub mod group_norm;
+#[cfg(test)]
+mod kernel_tests;
 pub mod lars;
 pub mod load_save;
 pub mod math;

@@ -110,10 +110,7 @@ impl SpatialBn {
                 None => ctx.input(0)?.as_slice::<f32>()?,
             };
             let (s1, s2) = channel_sums(x, (n, c, inner), self.nhwc);
-            let mean: Vec<f32> = s1
-                .iter()
-                .map(|s| (s / m.max(1.0) as f64) as f32)
-                .collect();
+            let mean: Vec<f32> = s1.iter().map(|s| (s / m.max(1.0) as f64) as f32).collect();
             let var: Vec<f32> = s2
                 .iter()
                 .zip(&mean)
@@ -226,10 +223,14 @@ impl SpatialBn {
                 for_each_chunk(dx, inner, inner.saturating_mul(3), &|first, part| {
                     let span = first * inner..first * inner + part.len();
                     let (xs, gs) = (&x[span.clone()], &g[span]);
-                    let planes = part.chunks_mut(inner).zip(xs.chunks(inner)).zip(gs.chunks(inner));
+                    let planes = part
+                        .chunks_mut(inner)
+                        .zip(xs.chunks(inner))
+                        .zip(gs.chunks(inner));
                     for (k, ((dp, xp), gp)) in planes.enumerate() {
                         let ch = (first + k) % c;
-                        let (mu, iv, fc, db, ds) = (mean[ch], inv[ch], f[ch], dbias[ch], dscale[ch]);
+                        let (mu, iv, fc, db, ds) =
+                            (mean[ch], inv[ch], f[ch], dbias[ch], dscale[ch]);
                         for ((d, &xv), &gv) in dp.iter_mut().zip(xp).zip(gp) {
                             let xhat = (xv - mu) * iv;
                             *d = fc * (m * gv - db - xhat * ds);
@@ -466,21 +467,26 @@ impl Lrn {
                 }
             });
         } else {
-            for_each_chunk(out, inner, inner.saturating_mul(terms + 4), &|first, part| {
-                // Scratch of one plane (inner <= X's size).
-                let mut sums = vec![0f32; inner];
-                let mut acc = if 2 * pre + 1 > LRN_DIRECT_MAX {
-                    vec![0f64; inner]
-                } else {
-                    Vec::new()
-                };
-                let geo = (c, inner, pre);
-                if square {
-                    lrn_planes::<true>(src, geo, first, part, &mut sums, &mut acc, finish)
-                } else {
-                    lrn_planes::<false>(src, geo, first, part, &mut sums, &mut acc, finish)
-                }
-            });
+            for_each_chunk(
+                out,
+                inner,
+                inner.saturating_mul(terms + 4),
+                &|first, part| {
+                    // Scratch of one plane (inner <= X's size).
+                    let mut sums = vec![0f32; inner];
+                    let mut acc = if 2 * pre + 1 > LRN_DIRECT_MAX {
+                        vec![0f64; inner]
+                    } else {
+                        Vec::new()
+                    };
+                    let geo = (c, inner, pre);
+                    if square {
+                        lrn_planes::<true>(src, geo, first, part, &mut sums, &mut acc, finish)
+                    } else {
+                        lrn_planes::<false>(src, geo, first, part, &mut sums, &mut acc, finish)
+                    }
+                },
+            );
         }
     }
 
@@ -663,7 +669,11 @@ fn instance_stats(
     nhwc: bool,
     eps: f32,
 ) -> Result<Vec<(f32, f32)>> {
-    let mut stats = try_vec(n * c, moments(0.0, 0.0, inner, eps), "InstanceNorm statistics")?;
+    let mut stats = try_vec(
+        n * c,
+        moments(0.0, 0.0, inner, eps),
+        "InstanceNorm statistics",
+    )?;
     if inner == 0 {
         return Ok(stats);
     }
@@ -729,7 +739,9 @@ impl Operator for InstanceNorm {
         }
         if ctx.num_outputs() > 1 {
             let means: Vec<f32> = stats.iter().map(|s| s.0).collect();
-            ctx.output(1)?.ensure::<f32>(&[n, c]).copy_from_slice(&means);
+            ctx.output(1)?
+                .ensure::<f32>(&[n, c])
+                .copy_from_slice(&means);
         }
         if ctx.num_outputs() > 2 {
             let invs: Vec<f32> = stats.iter().map(|s| s.1).collect();
@@ -805,7 +817,11 @@ impl Operator for InstanceNormGradient {
         // Per instance: (sum of dY * x_hat, sum of dY), summed over the images below.
         let mut parts = try_vec(n * c, (0f32, 0f32), "InstanceNormGradient sums")?;
         let m = inner.max(1) as f32;
-        let (unit, sunit) = if self.nhwc { (inner * c, c) } else { (inner, 1) };
+        let (unit, sunit) = if self.nhwc {
+            (inner * c, c)
+        } else {
+            (inner, 1)
+        };
         if unit > 0 && !dx.is_empty() {
             let groups = dx.len() / unit;
             let per = part_len(groups, dx.len().saturating_mul(3));
@@ -820,7 +836,10 @@ impl Operator for InstanceNormGradient {
                 let span = first * unit..first * unit + dxc.len();
                 let (xs, gs) = (&x[span.clone()], &dy[span]);
                 if !nhwc {
-                    let it = dxc.chunks_mut(inner).zip(xs.chunks(inner)).zip(gs.chunks(inner));
+                    let it = dxc
+                        .chunks_mut(inner)
+                        .zip(xs.chunks(inner))
+                        .zip(gs.chunks(inner));
                     for (k, ((dp, xp), gp)) in it.enumerate() {
                         let plane = first + k;
                         let (ds, db) = dot_sum_f64(xp, gp);
@@ -838,7 +857,10 @@ impl Operator for InstanceNormGradient {
                 let mut s1 = vec![0f64; c];
                 let mut s2 = vec![0f64; c];
                 let mut coefs = vec![[0f32; 3]; c];
-                let it = dxc.chunks_mut(unit).zip(xs.chunks(unit)).zip(gs.chunks(unit));
+                let it = dxc
+                    .chunks_mut(unit)
+                    .zip(xs.chunks(unit))
+                    .zip(gs.chunks(unit));
                 for (k, ((di, xi), gi)) in it.enumerate() {
                     let img = first + k;
                     s1.fill(0.0);
@@ -858,7 +880,10 @@ impl Operator for InstanceNormGradient {
                         coefs[ch] = [c1, c2, c3];
                         pc[k * c + ch] = (dxhat, db);
                     }
-                    let px = di.chunks_exact_mut(c).zip(xi.chunks_exact(c)).zip(gi.chunks_exact(c));
+                    let px = di
+                        .chunks_exact_mut(c)
+                        .zip(xi.chunks_exact(c))
+                        .zip(gi.chunks_exact(c));
                     for ((dp, xp), gp) in px {
                         for (((d, &v), &g), cf) in dp.iter_mut().zip(xp).zip(gp).zip(&coefs) {
                             *d = cf[0] * g + cf[1] * v + cf[2];
@@ -1088,7 +1113,11 @@ fn backprop_stats(
 }
 
 /// Per-channel `(sum, sum of squares)` of `x` in f64.
-fn channel_sums(x: &[f32], (n, c, inner): (usize, usize, usize), nhwc: bool) -> (Vec<f64>, Vec<f64>) {
+fn channel_sums(
+    x: &[f32],
+    (n, c, inner): (usize, usize, usize),
+    nhwc: bool,
+) -> (Vec<f64>, Vec<f64>) {
     let mut s1 = vec![0f64; c];
     let mut s2 = vec![0f64; c];
     if c == 0 || inner == 0 {
@@ -1113,7 +1142,14 @@ fn channel_sums(x: &[f32], (n, c, inner): (usize, usize, usize), nhwc: bool) -> 
 }
 
 /// `y = x * a[channel] + b[channel]` over the whole tensor, in parallel parts.
-fn channel_affine(x: &[f32], y: &mut [f32], a: &[f32], b: &[f32], (c, inner): (usize, usize), nhwc: bool) {
+fn channel_affine(
+    x: &[f32],
+    y: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    (c, inner): (usize, usize),
+    nhwc: bool,
+) {
     if nhwc {
         for_each_chunk(y, c, c.saturating_mul(2), &|first, part| {
             let xs = &x[first * c..first * c + part.len()];

@@ -171,7 +171,15 @@ fn forward_nchw(
 
 /// Forward over NHWC output rows: `y` holds whole output rows (`ow * c` values) starting at
 /// row `first` (of `n * oh`).
-fn forward_nhwc(p: &Pool, s: Shape, rows: &[Win], cols: &[Win], x: &[f32], first: usize, y: &mut [f32]) {
+fn forward_nhwc(
+    p: &Pool,
+    s: Shape,
+    rows: &[Win],
+    cols: &[Win],
+    x: &[f32],
+    first: usize,
+    y: &mut [f32],
+) {
     let (_, c, h, w, _, _, oh, ow) = s;
     for (k, yrow) in y.chunks_mut(ow * c).enumerate() {
         let (img, oy) = ((first + k) / oh, (first + k) % oh);
@@ -277,7 +285,12 @@ fn backward_nhwc(
                         for ix in col.start..col.end {
                             let at = (iy * w + ix) * c;
                             let (xs, ds) = (&xi[at..at + c], &mut di[at..at + c]);
-                            let it = ds.iter_mut().zip(xs).zip(yv).zip(gv).zip(pending.iter_mut());
+                            let it = ds
+                                .iter_mut()
+                                .zip(xs)
+                                .zip(yv)
+                                .zip(gv)
+                                .zip(pending.iter_mut());
                             for ((((d, &xv), &ym), &gm), left) in it {
                                 let hit = *left && xv == ym;
                                 *d += if hit { gm } else { 0.0 };

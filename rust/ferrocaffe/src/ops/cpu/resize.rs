@@ -5,8 +5,8 @@
 //! Caffe2's ratios come from the two tensors' sizes); output dX of X's shape, each dY element
 //! spread over its four source pixels with the forward's weights.
 
-use crate::bail;
 use super::par::for_each_chunk;
+use crate::bail;
 use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
@@ -76,23 +76,28 @@ fn create_gradient(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
             axis_sources(ratio(h, oh), oh, h),
             axis_sources(ratio(w, ow), ow, w),
         );
-        for_each_chunk(dx, h * w, (h * w).saturating_add(4 * oh * ow), &|first, part| {
-            for (k, dst) in part.chunks_mut(h * w).enumerate() {
-                let p = first + k;
-                let src = &g[p * oh * ow..(p + 1) * oh * ow];
-                for (&(h1, h1p, l1), grow) in rows.iter().zip(src.chunks_exact(ow)) {
-                    let l0 = 1.0 - l1;
-                    let (top, bottom) = (h1 * w, (h1 + h1p) * w);
-                    for (&(w1, w1p, m1), &v) in cols.iter().zip(grow) {
-                        let m0 = 1.0 - m1;
-                        dst[top + w1] += l0 * m0 * v;
-                        dst[top + w1 + w1p] += l0 * m1 * v;
-                        dst[bottom + w1] += l1 * m0 * v;
-                        dst[bottom + w1 + w1p] += l1 * m1 * v;
+        for_each_chunk(
+            dx,
+            h * w,
+            (h * w).saturating_add(4 * oh * ow),
+            &|first, part| {
+                for (k, dst) in part.chunks_mut(h * w).enumerate() {
+                    let p = first + k;
+                    let src = &g[p * oh * ow..(p + 1) * oh * ow];
+                    for (&(h1, h1p, l1), grow) in rows.iter().zip(src.chunks_exact(ow)) {
+                        let l0 = 1.0 - l1;
+                        let (top, bottom) = (h1 * w, (h1 + h1p) * w);
+                        for (&(w1, w1p, m1), &v) in cols.iter().zip(grow) {
+                            let m0 = 1.0 - m1;
+                            dst[top + w1] += l0 * m0 * v;
+                            dst[top + w1 + w1p] += l0 * m1 * v;
+                            dst[bottom + w1] += l1 * m0 * v;
+                            dst[bottom + w1 + w1p] += l1 * m1 * v;
+                        }
                     }
                 }
-            }
-        });
+            },
+        );
         Ok(())
     })))
 }
