@@ -148,16 +148,13 @@ enum Slopes {
     Pixels { c: usize },
 }
 
+/// `f(offset, slopes, xs, out)` of [`prelu_runs`].
+type PreluRun<'a> = dyn Fn(usize, &[f32], &[f32], &mut [f32]) + Sync + 'a;
+
 /// Calls `f(offset, slopes, xs, out)` on runs `xs = x[offset..]` of X that share one layout
 /// of slopes: `slopes` holds one value (applied to the whole run) or `xs.len()` values; `out`
 /// is the matching part of the output (in parallel parts).
-fn prelu_runs(
-    x: &[f32],
-    out: &mut [f32],
-    slope: &[f32],
-    map: Slopes,
-    f: &(dyn Fn(usize, &[f32], &[f32], &mut [f32]) + Sync),
-) {
+fn prelu_runs(x: &[f32], out: &mut [f32], slope: &[f32], map: Slopes, f: &PreluRun<'_>) {
     match map {
         Slopes::Shared => for_each_chunk(out, 1 << 12, 1 << 13, &|first, part| {
             let k = first << 12;

@@ -331,6 +331,9 @@ macro_rules! with_neg_pow {
     };
 }
 
+/// `finish(unit, window sums, output unit)` of the LRN window sums.
+type Finish<'a> = dyn Fn(usize, &[f32], &mut [f32]) + Sync + 'a;
+
 /// Windows longer than this sum as a running sum (in f64) instead of term by term.
 const LRN_DIRECT_MAX: usize = 9;
 
@@ -346,7 +349,7 @@ fn lrn_planes<const SQUARE: bool>(
     out: &mut [f32],
     sums: &mut [f32],
     acc: &mut [f64],
-    finish: &(dyn Fn(usize, &[f32], &mut [f32]) + Sync),
+    finish: &Finish<'_>,
 ) {
     let f = |v: f32| if SQUARE { v * v } else { v };
     let running = 2 * pre + 1 > LRN_DIRECT_MAX;
@@ -400,7 +403,7 @@ fn lrn_pixels<const SQUARE: bool>(
     first: usize,
     out: &mut [f32],
     (padded, sums): (&mut [f32], &mut [f32]),
-    finish: &(dyn Fn(usize, &[f32], &mut [f32]) + Sync),
+    finish: &Finish<'_>,
 ) {
     let running = 2 * pre + 1 > LRN_DIRECT_MAX;
     for (k, op) in out.chunks_mut(c).enumerate() {
@@ -432,12 +435,17 @@ fn lrn_pixels<const SQUARE: bool>(
 
 impl Lrn {
     fn kind(&self) -> Beta {
-        match self.beta {
-            b if b == 0.0 => Beta::Zero,
-            b if b == 0.5 => Beta::Half,
-            b if b == 0.75 => Beta::ThreeQuarters,
-            b if b == 1.0 => Beta::One,
-            b => Beta::Other(b),
+        let b = self.beta;
+        if b == 0.0 {
+            Beta::Zero
+        } else if b == 0.5 {
+            Beta::Half
+        } else if b == 0.75 {
+            Beta::ThreeQuarters
+        } else if b == 1.0 {
+            Beta::One
+        } else {
+            Beta::Other(b)
         }
     }
 
@@ -449,7 +457,7 @@ impl Lrn {
         (_, c, inner): (usize, usize, usize),
         square: bool,
         out: &mut [f32],
-        finish: &(dyn Fn(usize, &[f32], &mut [f32]) + Sync),
+        finish: &Finish<'_>,
     ) {
         // A window reaching past every channel is the same as one reaching just past them.
         let pre = ((self.size - 1) / 2).min(c);
