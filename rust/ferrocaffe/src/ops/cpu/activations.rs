@@ -4,6 +4,7 @@
 use super::broadcast::{for_each_index, legacy_sizes};
 use super::elementwise::{binary, input_dtype, input_meta, unary};
 use super::math::BroadcastArgs;
+use super::par::{copy_if_inplace, for_each_chunk};
 use crate::dispatch;
 use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
@@ -138,16 +139,42 @@ fn create_sum_reduce_like(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     })))
 }
 
-/// Channel of flat index `k` for PRelu's per-channel slopes.
-fn channel_of(k: usize, dims: &[usize], nhwc: bool) -> usize {
-    if dims.len() < 2 {
-        return 0;
-    }
-    if nhwc {
-        k % dims[dims.len() - 1]
-    } else {
-        let inner: usize = dims[2..].iter().product();
-        (k / inner.max(1)) % dims[1]
+/// How PRelu's slopes map onto X: one slope for everything, one per NCHW plane of `inner`
+/// values (channel = plane % C), or one per channel innermost (NHWC, C channels).
+#[derive(Clone, Copy)]
+enum Slopes {
+    Shared,
+    Planes { c: usize, inner: usize },
+    Pixels { c: usize },
+}
+
+/// `f(offset, slopes, xs, out)` of [`prelu_runs`].
+type PreluRun<'a> = dyn Fn(usize, &[f32], &[f32], &mut [f32]) + Sync + 'a;
+
+/// Calls `f(offset, slopes, xs, out)` on runs `xs = x[offset..]` of X that share one layout
+/// of slopes: `slopes` holds one value (applied to the whole run) or `xs.len()` values; `out`
+/// is the matching part of the output (in parallel parts).
+fn prelu_runs(x: &[f32], out: &mut [f32], slope: &[f32], map: Slopes, f: &PreluRun<'_>) {
+    match map {
+        Slopes::Shared => for_each_chunk(out, 1 << 12, 1 << 13, &|first, part| {
+            let k = first << 12;
+            f(k, &slope[..1], &x[k..k + part.len()], part)
+        }),
+        Slopes::Planes { c, inner } => {
+            for_each_chunk(out, inner, inner.saturating_mul(2), &|first, part| {
+                for (k, op) in part.chunks_mut(inner).enumerate() {
+                    let off = (first + k) * inner;
+                    let ch = (first + k) % c;
+                    f(off, &slope[ch..ch + 1], &x[off..off + op.len()], op);
+                }
+            })
+        }
+        Slopes::Pixels { c } => for_each_chunk(out, c, c.saturating_mul(2), &|first, part| {
+            for (k, op) in part.chunks_mut(c).enumerate() {
+                let off = (first + k) * c;
+                f(off, slope, &x[off..off + op.len()], op);
+            }
+        }),
     }
 }
 
@@ -171,43 +198,114 @@ fn prelu(ctx: &mut OpContext<'_>, nhwc: bool, gradient: bool) -> Result<()> {
             slope.len()
         );
     }
-    let x = ctx.input(xi)?.as_slice::<f32>()?.to_vec();
-    let w = |k: usize| {
-        if shared {
-            slope[0]
-        } else {
-            slope[channel_of(k, &dims, nhwc)]
+    let map = if shared || dims.len() < 2 {
+        Slopes::Shared
+    } else if nhwc {
+        Slopes::Pixels { c: channels }
+    } else {
+        Slopes::Planes {
+            c: channels,
+            inner: dims[2..].iter().product(),
         }
     };
+    ctx.input(xi)?.as_slice::<f32>()?;
+    let copy = copy_if_inplace(ctx, xi)?;
     if !gradient {
-        let y = ctx.output(0)?.ensure::<f32>(&dims);
-        for (k, (o, &v)) in y.iter_mut().zip(&x).enumerate() {
-            *o = if v > 0.0 { v } else { v * w(k) };
-        }
+        let (ins, mut outs) = ctx.split();
+        let x = match &copy {
+            Some(v) => v.as_slice(),
+            None => ins.tensor(0)?.as_slice::<f32>()?,
+        };
+        let y = outs.tensor(0)?.ensure::<f32>(&dims);
+        // Both sides computed, then selected: the loops vectorize (a branch per value would
+        // mispredict on signs at random).
+        prelu_runs(x, y, &slope, map, &|_, w, xs, o| {
+            if let &[w] = w {
+                for (o, &v) in o.iter_mut().zip(xs) {
+                    let neg = v * w;
+                    *o = if v > 0.0 { v } else { neg };
+                }
+            } else {
+                for ((o, &v), &w) in o.iter_mut().zip(xs).zip(w) {
+                    let neg = v * w;
+                    *o = if v > 0.0 { v } else { neg };
+                }
+            }
+        });
         return Ok(());
     }
-    let g = ctx.input(1)?.as_slice::<f32>()?.to_vec();
-    if g.len() != x.len() {
+    let gcopy = copy_if_inplace(ctx, 1)?;
+    let glen = match &gcopy {
+        Some(v) => v.len(),
+        None => ctx.input(1)?.as_slice::<f32>()?.len(),
+    };
+    if glen != ctx.input(xi)?.numel() {
         bail!(op = ctx, ShapeMismatch: "dY must have the shape of X");
     }
     let mut ds = vec![0f32; slope.len()];
     {
-        let dx = ctx.output(0)?.ensure::<f32>(&dims);
-        for k in 0..x.len() {
-            if x[k] > 0.0 {
-                dx[k] = g[k];
-            } else {
-                dx[k] = g[k] * w(k);
-                let c = if shared {
-                    0
-                } else {
-                    channel_of(k, &dims, nhwc)
-                };
-                ds[c] += g[k] * x[k];
+        let (ins, mut outs) = ctx.split();
+        let x = match &copy {
+            Some(v) => v.as_slice(),
+            None => ins.tensor(2)?.as_slice::<f32>()?,
+        };
+        let g = match &gcopy {
+            Some(v) => v.as_slice(),
+            None => ins.tensor(1)?.as_slice::<f32>()?,
+        };
+        // dslope: the sum of dY * X where X <= 0, per slope.
+        match map {
+            Slopes::Shared => ds[0] = masked_dot(x, g),
+            Slopes::Planes { c, inner } if inner > 0 => {
+                for (plane, (xp, gp)) in x.chunks(inner).zip(g.chunks(inner)).enumerate() {
+                    ds[plane % c] += masked_dot(xp, gp);
+                }
+            }
+            Slopes::Planes { .. } => {}
+            Slopes::Pixels { c } => {
+                for (xp, gp) in x.chunks(c).zip(g.chunks(c)) {
+                    for ((d, &v), &gv) in ds.iter_mut().zip(xp).zip(gp) {
+                        let p = gv * v;
+                        *d += if v > 0.0 { 0.0 } else { p };
+                    }
+                }
             }
         }
+        let dx = outs.tensor(0)?.ensure::<f32>(&dims);
+        prelu_runs(x, dx, &slope, map, &|off, w, xs, o| {
+            let gs = &g[off..off + xs.len()];
+            if let &[w] = w {
+                for ((o, &v), &gv) in o.iter_mut().zip(xs).zip(gs) {
+                    let neg = gv * w;
+                    *o = if v > 0.0 { gv } else { neg };
+                }
+            } else {
+                for (((o, &v), &gv), &w) in o.iter_mut().zip(xs).zip(gs).zip(w) {
+                    let neg = gv * w;
+                    *o = if v > 0.0 { gv } else { neg };
+                }
+            }
+        });
     }
     let sd = ctx.input(3)?.dims().to_vec();
     ctx.output(1)?.ensure::<f32>(&sd).copy_from_slice(&ds);
     Ok(())
+}
+
+/// The sum of `g * x` where `x <= 0`, over eight lanes.
+fn masked_dot(x: &[f32], g: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (cx, cg) = (x.chunks_exact(8), g.chunks_exact(8));
+    let (rx, rg) = (cx.remainder(), cg.remainder());
+    for (xs, gs) in cx.zip(cg) {
+        for i in 0..8 {
+            let p = gs[i] * xs[i];
+            acc[i] += if xs[i] > 0.0 { 0.0 } else { p };
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (&v, &gv) in rx.iter().zip(rg) {
+        s += if v > 0.0 { 0.0 } else { gv * v };
+    }
+    s
 }

@@ -97,6 +97,32 @@ pub fn unary<A: Element, C: Element>(ctx: &mut OpContext<'_>, f: impl Fn(A) -> C
     Ok(())
 }
 
+/// As [`unary`] with a kernel over whole slices, `f(x, y)` (`y` as long as `x`); in place,
+/// `f` reads a copy of the input.
+pub fn unary_slices<A: Element, C: Element>(
+    ctx: &mut OpContext<'_>,
+    f: impl Fn(&[A], &mut [C]),
+) -> Result<()> {
+    let (dims, dt) = input_meta(ctx, 0)?;
+    if dt != A::DTYPE {
+        return Err(type_mismatch(ctx, 0, A::DTYPE, dt));
+    }
+    if ctx.is_inplace(0, 0) {
+        if A::DTYPE != C::DTYPE {
+            bail!(op = ctx, Schema: "this op cannot run in place: input and output types differ");
+        }
+        let x = ctx.input(0)?.as_slice::<A>()?.to_vec();
+        let y = ctx.output(0)?.as_mut_slice::<C>()?;
+        f(&x, y);
+        return Ok(());
+    }
+    let (ins, mut outs) = ctx.split();
+    let x = ins.tensor(0)?.as_slice::<A>()?;
+    let y = outs.tensor(0)?.ensure::<C>(&dims);
+    f(x, y);
+    Ok(())
+}
+
 /// `c = f(a, b)` from inputs 0, 1 to output 0 with the given (already broadcast-checked) loop
 /// shapes; `c_dims` is the output shape, `loop_c` the shape the loop iterates over (same
 /// element count).

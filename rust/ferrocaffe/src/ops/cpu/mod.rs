@@ -90,6 +90,8 @@ pub mod fill;
 pub mod fp16;
 pub mod group_norm;
 pub mod im2col;
+#[cfg(test)]
+mod kernel_tests;
 pub mod lars;
 pub mod load_save;
 pub mod math;
@@ -101,6 +103,7 @@ pub mod nn;
 pub mod norm;
 pub mod optim;
 pub mod pad_image;
+pub(crate) mod par;
 pub mod pool;
 pub mod queue;
 pub mod reduce;

@@ -2,6 +2,8 @@
 //! and its gradient, LRN (cross-channel) and its gradient, InstanceNorm and its gradient,
 //! LayerNorm and its gradient — NCHW or NHWC where it applies.
 
+use super::par::{copy_if_inplace, dot_sum_f64, for_each_chunk, sums_f64};
+use crate::blas::{for_each_part, part_len};
 use crate::error::{try_vec, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
@@ -80,7 +82,11 @@ impl SpatialBn {
         let scale = channel_vec(ctx, 1, c)?;
         let bias = channel_vec(ctx, 2, c)?;
         let m = (n * inner) as f32;
-        let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
+        let copy = copy_if_inplace(ctx, 0)?;
+        if copy.is_none() {
+            // X must hold floats whatever the mode.
+            ctx.input(0)?.as_slice::<f32>()?;
+        }
         let (mean, var) = if self.is_test {
             (channel_vec(ctx, 3, c)?, channel_vec(ctx, 4, c)?)
         } else if self.num_batches > 1 {
@@ -99,22 +105,13 @@ impl SpatialBn {
                 .collect();
             (mean, var)
         } else {
-            let mut mean = vec![0f64; c];
-            let mut sq = vec![0f64; c];
-            for img in 0..n {
-                for ch in 0..c {
-                    for s in 0..inner {
-                        let v = x[at(self.nhwc, c, inner, img, ch, s)] as f64;
-                        mean[ch] += v;
-                        sq[ch] += v * v;
-                    }
-                }
-            }
-            let mean: Vec<f32> = mean
-                .iter()
-                .map(|s| (s / m.max(1.0) as f64) as f32)
-                .collect();
-            let var: Vec<f32> = sq
+            let x = match &copy {
+                Some(v) => v.as_slice(),
+                None => ctx.input(0)?.as_slice::<f32>()?,
+            };
+            let (s1, s2) = channel_sums(x, (n, c, inner), self.nhwc);
+            let mean: Vec<f32> = s1.iter().map(|s| (s / m.max(1.0) as f64) as f32).collect();
+            let var: Vec<f32> = s2
                 .iter()
                 .zip(&mean)
                 .map(|(s, &mu)| ((s / m.max(1.0) as f64) as f32 - mu * mu).max(0.0))
@@ -123,19 +120,17 @@ impl SpatialBn {
         };
         let inv: Vec<f32> = var.iter().map(|v| 1.0 / (v + self.eps).sqrt()).collect();
         {
-            let y = ctx.output(0)?.ensure::<f32>(&dims);
-            for img in 0..n {
-                for ch in 0..c {
-                    let (a, b) = (
-                        scale[ch] * inv[ch],
-                        bias[ch] - mean[ch] * scale[ch] * inv[ch],
-                    );
-                    for s in 0..inner {
-                        let k = at(self.nhwc, c, inner, img, ch, s);
-                        y[k] = x[k] * a + b;
-                    }
-                }
-            }
+            let a: Vec<f32> = (0..c).map(|ch| scale[ch] * inv[ch]).collect();
+            let b: Vec<f32> = (0..c)
+                .map(|ch| bias[ch] - mean[ch] * scale[ch] * inv[ch])
+                .collect();
+            let (ins, mut outs) = ctx.split();
+            let x = match &copy {
+                Some(v) => v.as_slice(),
+                None => ins.tensor(0)?.as_slice::<f32>()?,
+            };
+            let y = outs.tensor(0)?.ensure::<f32>(&dims);
+            channel_affine(x, y, &a, &b, (c, inner), self.nhwc);
         }
         if !self.is_test {
             if ctx.num_outputs() < 5 {
@@ -169,11 +164,11 @@ impl SpatialBn {
         let scale = channel_vec(ctx, 1, c)?;
         let mean = channel_vec(ctx, 3, c)?;
         let inv = channel_vec(ctx, 4, c)?;
-        let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
-        let g = ctx.input(2)?.as_slice::<f32>()?.to_vec();
-        if g.len() != x.len() {
+        let xlen = ctx.input(0)?.as_slice::<f32>()?.len();
+        if ctx.input(2)?.as_slice::<f32>()?.len() != xlen {
             bail!(ShapeMismatch: "dY must have the shape of X");
         }
+        let (cx, cg) = (copy_if_inplace(ctx, 0)?, copy_if_inplace(ctx, 2)?);
         let m = (self.num_batches * n * inner) as f32;
         let (dscale, dbias) = if self.num_batches > 1 {
             // Gradients of scale and bias summed over every batch (ChannelBackpropStats).
@@ -185,19 +180,63 @@ impl SpatialBn {
             }
             (channel_vec(ctx, 5, c)?, channel_vec(ctx, 6, c)?)
         } else {
-            backprop_stats(&x, &g, &mean, &inv, n, c, inner, self.nhwc)
+            let x = match &cx {
+                Some(v) => v.as_slice(),
+                None => ctx.input(0)?.as_slice::<f32>()?,
+            };
+            let g = match &cg {
+                Some(v) => v.as_slice(),
+                None => ctx.input(2)?.as_slice::<f32>()?,
+            };
+            backprop_stats(x, g, &mean, &inv, (n, c, inner), self.nhwc)
         };
         {
-            let dx = ctx.output(0)?.ensure::<f32>(&dims);
-            for img in 0..n {
-                for ch in 0..c {
-                    let f = scale[ch] * inv[ch] / m.max(1.0);
-                    for s in 0..inner {
-                        let k = at(self.nhwc, c, inner, img, ch, s);
-                        let xhat = (x[k] - mean[ch]) * inv[ch];
-                        dx[k] = f * (m * g[k] - dbias[ch] - xhat * dscale[ch]);
+            let f: Vec<f32> = (0..c).map(|ch| scale[ch] * inv[ch] / m.max(1.0)).collect();
+            let (ins, mut outs) = ctx.split();
+            let x = match &cx {
+                Some(v) => v.as_slice(),
+                None => ins.tensor(0)?.as_slice::<f32>()?,
+            };
+            let g = match &cg {
+                Some(v) => v.as_slice(),
+                None => ins.tensor(2)?.as_slice::<f32>()?,
+            };
+            let dx = outs.tensor(0)?.ensure::<f32>(&dims);
+            let (mean, inv, dscale, dbias, f) = (&mean, &inv, &dscale, &dbias, &f);
+            // dX = f * (m dY - dbias - x_hat dscale), x_hat = (X - mean) inv_std.
+            if self.nhwc {
+                for_each_chunk(dx, c, c.saturating_mul(3), &|first, part| {
+                    let span = first * c..first * c + part.len();
+                    let (xs, gs) = (&x[span.clone()], &g[span]);
+                    let px = part.chunks_mut(c).zip(xs.chunks(c)).zip(gs.chunks(c));
+                    for ((dp, xp), gp) in px {
+                        let it = dp.iter_mut().zip(xp).zip(gp).zip(mean).zip(inv);
+                        for (((((d, &xv), &gv), &mu), &iv), ((&fc, &db), &ds)) in
+                            it.zip(f.iter().zip(dbias).zip(dscale))
+                        {
+                            let xhat = (xv - mu) * iv;
+                            *d = fc * (m * gv - db - xhat * ds);
+                        }
                     }
-                }
+                });
+            } else {
+                for_each_chunk(dx, inner, inner.saturating_mul(3), &|first, part| {
+                    let span = first * inner..first * inner + part.len();
+                    let (xs, gs) = (&x[span.clone()], &g[span]);
+                    let planes = part
+                        .chunks_mut(inner)
+                        .zip(xs.chunks(inner))
+                        .zip(gs.chunks(inner));
+                    for (k, ((dp, xp), gp)) in planes.enumerate() {
+                        let ch = (first + k) % c;
+                        let (mu, iv, fc, db, ds) =
+                            (mean[ch], inv[ch], f[ch], dbias[ch], dscale[ch]);
+                        for ((d, &xv), &gv) in dp.iter_mut().zip(xp).zip(gp) {
+                            let xhat = (xv - mu) * iv;
+                            *d = fc * (m * gv - db - xhat * ds);
+                        }
+                    }
+                });
             }
         }
         // With several batches, each one reports its share of the combined gradients (they are
@@ -249,53 +288,250 @@ struct Lrn {
     nhwc: bool,
 }
 
-impl Lrn {
-    /// `bias + alpha / size * (sum of squares over the channel window)` at every element.
-    fn scale(&self, x: &[f32], n: usize, c: usize, inner: usize) -> Vec<f32> {
-        let a = self.alpha / self.size as f32;
-        let mut scale = vec![0f32; x.len()];
-        self.for_windows(n, c, inner, |k, window| {
-            let sum: f32 = window.map(|j| x[j] * x[j]).sum();
-            scale[k] = self.bias + a * sum;
-        });
-        scale
-    }
+/// `s^-beta` for the common betas without `powf` (within a few ulp of it).
+#[derive(Clone, Copy)]
+enum Beta {
+    Zero,
+    Half,
+    ThreeQuarters,
+    One,
+    Other(f32),
+}
 
-    /// Calls `f(element, indices of its channel window)` for every element: the window of
-    /// channel `ch` spans channels `ch - (size - 1) / 2 ..= ch + (size - 1) / 2`, clipped.
-    fn for_windows(
-        &self,
-        n: usize,
-        c: usize,
-        inner: usize,
-        mut f: impl FnMut(usize, &mut dyn Iterator<Item = usize>),
-    ) {
-        let pre = (self.size - 1) / 2;
-        for img in 0..n {
-            for s in 0..inner {
-                for ch in 0..c {
-                    let lo = ch.saturating_sub(pre);
-                    let hi = (ch + self.size - pre).min(c);
-                    let mut window = (lo..hi).map(|j| at(self.nhwc, c, inner, img, j, s));
-                    f(at(self.nhwc, c, inner, img, ch, s), &mut window);
-                }
+/// Runs `$body` with `$p` bound to the function `s -> s^-beta` of `$beta`, monomorphized per
+/// case so the loops in `$body` vectorize. (`sqrt(s) + 0.0` turns `sqrt(-0.0) = -0.0` into
+/// `+0.0`, as `powf(-0.0, -beta)` is `+inf` for these betas.)
+macro_rules! with_neg_pow {
+    ($beta:expr, $p:ident => $body:expr) => {
+        match $beta {
+            Beta::Zero => {
+                let $p = |_: f32| 1.0f32;
+                $body
+            }
+            Beta::Half => {
+                let $p = |s: f32| 1.0 / (s.sqrt() + 0.0);
+                $body
+            }
+            Beta::ThreeQuarters => {
+                let $p = |s: f32| {
+                    let r = s.sqrt() + 0.0;
+                    1.0 / (r * r.sqrt())
+                };
+                $body
+            }
+            Beta::One => {
+                let $p = |s: f32| 1.0 / s;
+                $body
+            }
+            Beta::Other(b) => {
+                let $p = |s: f32| s.powf(-b);
+                $body
             }
         }
+    };
+}
+
+/// `finish(unit, window sums, output unit)` of the LRN window sums.
+type Finish<'a> = dyn Fn(usize, &[f32], &mut [f32]) + Sync + 'a;
+
+/// Windows longer than this sum as a running sum (in f64) instead of term by term.
+const LRN_DIRECT_MAX: usize = 9;
+
+/// The channel-window sums of `f(src)` (`f` the square when `SQUARE`, else the identity) for
+/// the NCHW planes `first..` (of `c` channels of `inner` values each), one plane at a time:
+/// `finish(plane, sums, out_plane)` gets the sums of each plane. The window of channel `ch`
+/// spans `ch - pre ..= ch + pre`, clipped (`pre` <= c). `acc` is scratch of `inner` values.
+#[allow(clippy::too_many_arguments)]
+fn lrn_planes<const SQUARE: bool>(
+    src: &[f32],
+    (c, inner, pre): (usize, usize, usize),
+    first: usize,
+    out: &mut [f32],
+    sums: &mut [f32],
+    acc: &mut [f64],
+    finish: &Finish<'_>,
+) {
+    let f = |v: f32| if SQUARE { v * v } else { v };
+    let running = 2 * pre + 1 > LRN_DIRECT_MAX;
+    for (k, op) in out.chunks_mut(inner).enumerate() {
+        let plane = first + k;
+        let (img, ch) = (plane / c, plane % c);
+        let base = img * c * inner;
+        let src_plane = |j: usize| &src[base + j * inner..base + (j + 1) * inner];
+        let (lo, hi) = (ch.saturating_sub(pre), (ch + pre + 1).min(c));
+        if !running {
+            sums.fill(0.0);
+            for j in lo..hi {
+                for (s, &v) in sums.iter_mut().zip(src_plane(j)) {
+                    *s += f(v);
+                }
+            }
+        } else {
+            if k == 0 || ch == 0 {
+                acc.fill(0.0);
+                for j in lo..hi {
+                    for (a, &v) in acc.iter_mut().zip(src_plane(j)) {
+                        *a += f64::from(f(v));
+                    }
+                }
+            } else {
+                // The window moved by one channel: it gained `ch + pre` and lost `ch - pre - 1`.
+                if ch + pre < c {
+                    for (a, &v) in acc.iter_mut().zip(src_plane(ch + pre)) {
+                        *a += f64::from(f(v));
+                    }
+                }
+                if ch > pre {
+                    for (a, &v) in acc.iter_mut().zip(src_plane(ch - pre - 1)) {
+                        *a -= f64::from(f(v));
+                    }
+                }
+            }
+            for (s, &a) in sums.iter_mut().zip(acc.iter()) {
+                *s = a as f32;
+            }
+        }
+        finish(plane, sums, op);
+    }
+}
+
+/// As [`lrn_planes`] for NHWC pixels `first..` of `c` channels: `padded` is scratch of
+/// `c + 2 pre` values, `sums` of `c`.
+fn lrn_pixels<const SQUARE: bool>(
+    src: &[f32],
+    (c, pre): (usize, usize),
+    first: usize,
+    out: &mut [f32],
+    (padded, sums): (&mut [f32], &mut [f32]),
+    finish: &Finish<'_>,
+) {
+    let running = 2 * pre + 1 > LRN_DIRECT_MAX;
+    for (k, op) in out.chunks_mut(c).enumerate() {
+        let px = first + k;
+        let xs = &src[px * c..(px + 1) * c];
+        for (p, &v) in padded[pre..pre + c].iter_mut().zip(xs) {
+            *p = if SQUARE { v * v } else { v };
+        }
+        if !running {
+            // Term by term in channel order (the zero padding adds nothing).
+            sums.fill(0.0);
+            for t in 0..=2 * pre {
+                for (s, &v) in sums.iter_mut().zip(&padded[t..t + c]) {
+                    *s += v;
+                }
+            }
+        } else {
+            let mut a: f64 = padded[..2 * pre].iter().map(|&v| f64::from(v)).sum();
+            for (ch, s) in sums.iter_mut().enumerate() {
+                // Window of channel ch: padded[ch ..= ch + 2 pre].
+                a += f64::from(padded[ch + 2 * pre]);
+                *s = a as f32;
+                a -= f64::from(padded[ch]);
+            }
+        }
+        finish(px, sums, op);
+    }
+}
+
+impl Lrn {
+    fn kind(&self) -> Beta {
+        let b = self.beta;
+        if b == 0.0 {
+            Beta::Zero
+        } else if b == 0.5 {
+            Beta::Half
+        } else if b == 0.75 {
+            Beta::ThreeQuarters
+        } else if b == 1.0 {
+            Beta::One
+        } else {
+            Beta::Other(b)
+        }
+    }
+
+    /// Fills `out` (X's shape) with `finish(unit, window sums, out unit)` per plane (NCHW) or
+    /// pixel (NHWC), the sums over the channel window of `src^2` (`square`) or `src`.
+    fn windows(
+        &self,
+        src: &[f32],
+        (_, c, inner): (usize, usize, usize),
+        square: bool,
+        out: &mut [f32],
+        finish: &Finish<'_>,
+    ) {
+        // A window reaching past every channel is the same as one reaching just past them.
+        let pre = ((self.size - 1) / 2).min(c);
+        let terms = (2 * pre + 1).min(LRN_DIRECT_MAX + 2);
+        if self.nhwc {
+            for_each_chunk(out, c, c.saturating_mul(terms + 4), &|first, part| {
+                // Scratch bounded by 3 C (C <= X's size).
+                let mut padded = vec![0f32; c + 2 * pre];
+                let mut sums = vec![0f32; c];
+                let io = (padded.as_mut_slice(), sums.as_mut_slice());
+                if square {
+                    lrn_pixels::<true>(src, (c, pre), first, part, io, finish)
+                } else {
+                    lrn_pixels::<false>(src, (c, pre), first, part, io, finish)
+                }
+            });
+        } else {
+            for_each_chunk(
+                out,
+                inner,
+                inner.saturating_mul(terms + 4),
+                &|first, part| {
+                    // Scratch of one plane (inner <= X's size).
+                    let mut sums = vec![0f32; inner];
+                    let mut acc = if 2 * pre + 1 > LRN_DIRECT_MAX {
+                        vec![0f64; inner]
+                    } else {
+                        Vec::new()
+                    };
+                    let geo = (c, inner, pre);
+                    if square {
+                        lrn_planes::<true>(src, geo, first, part, &mut sums, &mut acc, finish)
+                    } else {
+                        lrn_planes::<false>(src, geo, first, part, &mut sums, &mut acc, finish)
+                    }
+                },
+            );
+        }
+    }
+
+    /// Writes the scale `bias + alpha / size * (sum of squares over the channel window)`.
+    fn scale(&self, x: &[f32], shape: (usize, usize, usize), out: &mut [f32]) {
+        let (a, bias) = (self.alpha / self.size as f32, self.bias);
+        self.windows(x, shape, true, out, &|_, sums, o| {
+            for (o, &s) in o.iter_mut().zip(sums) {
+                *o = bias + a * s;
+            }
+        });
     }
 
     fn forward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
         let dims = ctx.input(0)?.dims().to_vec();
-        let (n, c, inner) = layout(&dims, self.nhwc)?;
-        let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
-        let scale = self.scale(&x, n, c, inner);
+        let shape = layout(&dims, self.nhwc)?;
+        let copy = copy_if_inplace(ctx, 0)?;
+        let want_scale = ctx.num_outputs() > 1;
+        let (ins, mut outs) = ctx.split();
+        let x = match &copy {
+            Some(v) => v.as_slice(),
+            None => ins.tensor(0)?.as_slice::<f32>()?,
+        };
+        let unit = if self.nhwc { shape.1 } else { shape.2 };
+        let (a, bias) = (self.alpha / self.size as f32, self.bias);
         {
-            let y = ctx.output(0)?.ensure::<f32>(&dims);
-            for ((o, &v), &sc) in y.iter_mut().zip(&x).zip(&scale) {
-                *o = v * sc.powf(-self.beta);
-            }
+            let y = outs.tensor(0)?.ensure::<f32>(&dims);
+            with_neg_pow!(self.kind(), p => self.windows(x, shape, true, y, &|u, sums, o| {
+                let xs = &x[u * unit..(u + 1) * unit];
+                for ((o, &s), &v) in o.iter_mut().zip(sums).zip(xs) {
+                    *o = v * p(bias + a * s);
+                }
+            }));
         }
-        if ctx.num_outputs() > 1 {
-            ctx.output(1)?.ensure::<f32>(&dims).copy_from_slice(&scale);
+        if want_scale {
+            let s = outs.tensor(1)?.ensure::<f32>(&dims);
+            self.scale(x, shape, s);
         }
         Ok(())
     }
@@ -305,7 +541,7 @@ impl Lrn {
     /// (the windows are symmetric, so c is in window(j) exactly when j is in window(c)).
     fn backward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
         let dims = ctx.input(0)?.dims().to_vec();
-        let (n, c, inner) = layout(&dims, self.nhwc)?;
+        let shape = layout(&dims, self.nhwc)?;
         for i in 1..3 {
             if ctx.input(i)?.dims() != dims.as_slice() {
                 bail!(
@@ -316,20 +552,37 @@ impl Lrn {
                 );
             }
         }
-        let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
-        let scale = self.scale(&x, n, c, inner);
-        let ratio: Vec<f32> = {
+        let x = ctx.input(0)?.as_slice::<f32>()?;
+        let total = x.len();
+        let mut scale = try_vec(total, 0f32, "LRNGradient scale")?;
+        self.scale(x, shape, &mut scale);
+        let mut ratio = try_vec(total, 0f32, "LRNGradient ratio")?;
+        {
             let y = ctx.input(1)?.as_slice::<f32>()?;
             let dy = ctx.input(2)?.as_slice::<f32>()?;
-            (0..x.len()).map(|k| dy[k] * y[k] / scale[k]).collect()
-        };
-        let dy = ctx.input(2)?.as_slice::<f32>()?.to_vec();
-        let cache_ratio = 2.0 * self.alpha * self.beta / self.size as f32;
-        let mut dx = vec![0f32; x.len()];
-        self.for_windows(n, c, inner, |k, window| {
-            let acc: f32 = window.map(|j| ratio[j]).sum();
-            dx[k] = dy[k] * scale[k].powf(-self.beta) - cache_ratio * x[k] * acc;
-        });
+            let scale = scale.as_slice();
+            for_each_chunk(&mut ratio, 1 << 12, 1 << 14, &|first, part| {
+                let k = first << 12;
+                let it = part.iter_mut().zip(&dy[k..]).zip(&y[k..]).zip(&scale[k..]);
+                for (((r, &g), &yv), &s) in it {
+                    *r = g * yv / s;
+                }
+            });
+        }
+        let mut dx = try_vec(total, 0f32, "LRNGradient dX")?;
+        {
+            let dy = ctx.input(2)?.as_slice::<f32>()?;
+            let unit = if self.nhwc { shape.1 } else { shape.2 };
+            let cache_ratio = 2.0 * self.alpha * self.beta / self.size as f32;
+            let scale = scale.as_slice();
+            with_neg_pow!(self.kind(), p => self.windows(&ratio, shape, false, &mut dx, &|u, sums, o| {
+                let r = u * unit..(u + 1) * unit;
+                let it = o.iter_mut().zip(sums).zip(&x[r.clone()]).zip(&dy[r.clone()]).zip(&scale[r]);
+                for ((((o, &acc), &xv), &g), &s) in it {
+                    *o = g * p(s) - cache_ratio * xv * acc;
+                }
+            }));
+        }
         ctx.output(0)?.ensure::<f32>(&dims).copy_from_slice(&dx);
         Ok(())
     }
@@ -372,44 +625,134 @@ struct InstanceNorm {
     nhwc: bool,
 }
 
+/// `(mean, 1 / sqrt(var + eps))` from a sum and a sum of squares over `m` values.
+fn moments(s1: f64, s2: f64, m: usize, eps: f32) -> (f32, f32) {
+    let m = m.max(1) as f64;
+    let mean = (s1 / m) as f32;
+    let var = ((s2 / m) as f32 - mean * mean).max(0.0);
+    (mean, 1.0 / (var + eps).sqrt())
+}
+
+/// The statistics of the instances (image, channel) of the images or planes in `xs` (NCHW:
+/// `xs` holds planes `first..`; NHWC: images `first..`), written to `stats` (one per plane,
+/// or `c` per image).
+fn instance_stats_part(
+    xs: &[f32],
+    (c, inner): (usize, usize),
+    nhwc: bool,
+    eps: f32,
+    stats: &mut [(f32, f32)],
+) {
+    if !nhwc {
+        for (st, xp) in stats.iter_mut().zip(xs.chunks_exact(inner)) {
+            let (s1, s2) = sums_f64(xp);
+            *st = moments(s1, s2, inner, eps);
+        }
+        return;
+    }
+    // Channels innermost: per-channel sums over the pixels (C <= X's size).
+    let mut s1 = vec![0f64; c];
+    let mut s2 = vec![0f64; c];
+    for (st, xi) in stats.chunks_mut(c).zip(xs.chunks_exact(inner * c)) {
+        s1.fill(0.0);
+        s2.fill(0.0);
+        for px in xi.chunks_exact(c) {
+            for ((a, b), &v) in s1.iter_mut().zip(s2.iter_mut()).zip(px) {
+                let v = f64::from(v);
+                *a += v;
+                *b += v * v;
+            }
+        }
+        for ((st, &a), &b) in st.iter_mut().zip(&s1).zip(&s2) {
+            *st = moments(a, b, inner, eps);
+        }
+    }
+}
+
+/// Mean and inverse standard deviation of every (image, channel) of `x`, in parallel over
+/// planes (NCHW) or images (NHWC).
+fn instance_stats(
+    x: &[f32],
+    (n, c, inner): (usize, usize, usize),
+    nhwc: bool,
+    eps: f32,
+) -> Result<Vec<(f32, f32)>> {
+    let mut stats = try_vec(
+        n * c,
+        moments(0.0, 0.0, inner, eps),
+        "InstanceNorm statistics",
+    )?;
+    if inner == 0 {
+        return Ok(stats);
+    }
+    let (unit, sunit) = if nhwc { (inner * c, c) } else { (inner, 1) };
+    if unit == 0 {
+        return Ok(stats);
+    }
+    for_each_chunk(&mut stats, sunit, unit.saturating_mul(2), &|first, part| {
+        let first_group = first;
+        let xs = &x[first_group * unit..(first_group + part.len() / sunit) * unit];
+        instance_stats_part(xs, (c, inner), nhwc, eps, part)
+    });
+    Ok(stats)
+}
+
 impl Operator for InstanceNorm {
     fn run(&mut self, ctx: &mut OpContext<'_>) -> Result<()> {
         let dims = ctx.input(0)?.dims().to_vec();
-        let (n, c, inner) = layout(&dims, self.nhwc)?;
+        let shape = layout(&dims, self.nhwc)?;
+        let (n, c, inner) = shape;
         let scale = channel_vec(ctx, 1, c)?;
         let bias = channel_vec(ctx, 2, c)?;
-        let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
-        let mut means = vec![0f32; n * c];
-        let mut invs = vec![0f32; n * c];
+        let copy = copy_if_inplace(ctx, 0)?;
+        let stats = {
+            let x = match &copy {
+                Some(v) => v.as_slice(),
+                None => ctx.input(0)?.as_slice::<f32>()?,
+            };
+            instance_stats(x, shape, self.nhwc, self.eps)?
+        };
         {
-            let y = ctx.output(0)?.ensure::<f32>(&dims);
-            for img in 0..n {
-                for ch in 0..c {
-                    let (mut s1, mut s2) = (0f64, 0f64);
-                    for s in 0..inner {
-                        let v = x[at(self.nhwc, c, inner, img, ch, s)] as f64;
-                        s1 += v;
-                        s2 += v * v;
+            let (ins, mut outs) = ctx.split();
+            let x = match &copy {
+                Some(v) => v.as_slice(),
+                None => ins.tensor(0)?.as_slice::<f32>()?,
+            };
+            let y = outs.tensor(0)?.ensure::<f32>(&dims);
+            if self.nhwc {
+                for_each_chunk(y, c, c.saturating_mul(2), &|first, part| {
+                    let xs = &x[first * c..first * c + part.len()];
+                    for (k, (yp, xp)) in part.chunks_mut(c).zip(xs.chunks(c)).enumerate() {
+                        let img = (first + k) / inner.max(1);
+                        let st = &stats[img * c..(img + 1) * c];
+                        let it = yp.iter_mut().zip(xp).zip(st).zip(&scale).zip(&bias);
+                        for ((((o, &v), &(mean, inv)), &sc), &b) in it {
+                            *o = (v - mean) * inv * sc + b;
+                        }
                     }
-                    let m = inner.max(1) as f64;
-                    let mean = (s1 / m) as f32;
-                    let var = ((s2 / m) as f32 - mean * mean).max(0.0);
-                    let inv = 1.0 / (var + self.eps).sqrt();
-                    means[img * c + ch] = mean;
-                    invs[img * c + ch] = inv;
-                    for s in 0..inner {
-                        let k = at(self.nhwc, c, inner, img, ch, s);
-                        y[k] = (x[k] - mean) * inv * scale[ch] + bias[ch];
+                });
+            } else {
+                for_each_chunk(y, inner, inner.saturating_mul(2), &|first, part| {
+                    let xs = &x[first * inner..first * inner + part.len()];
+                    for (k, (yp, xp)) in part.chunks_mut(inner).zip(xs.chunks(inner)).enumerate() {
+                        let plane = first + k;
+                        let (mean, inv) = stats[plane];
+                        let (sc, b) = (scale[plane % c], bias[plane % c]);
+                        for (o, &v) in yp.iter_mut().zip(xp) {
+                            *o = (v - mean) * inv * sc + b;
+                        }
                     }
-                }
+                });
             }
         }
         if ctx.num_outputs() > 1 {
+            let means: Vec<f32> = stats.iter().map(|s| s.0).collect();
             ctx.output(1)?
                 .ensure::<f32>(&[n, c])
                 .copy_from_slice(&means);
         }
         if ctx.num_outputs() > 2 {
+            let invs: Vec<f32> = stats.iter().map(|s| s.1).collect();
             ctx.output(2)?.ensure::<f32>(&[n, c]).copy_from_slice(&invs);
         }
         Ok(())
@@ -423,40 +766,24 @@ fn create_instance_norm(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     }))
 }
 
-/// Mean and inverse standard deviation of every (image, channel) of `x`, as InstanceNorm
-/// computes them.
-fn instance_moments(
-    x: &[f32],
-    (n, c, inner): (usize, usize, usize),
-    nhwc: bool,
-    eps: f32,
-) -> Result<(Vec<f32>, Vec<f32>)> {
-    let mut means = try_vec(n * c, 0f32, "InstanceNorm means")?;
-    let mut invs = try_vec(n * c, 0f32, "InstanceNorm inverse std")?;
-    for img in 0..n {
-        for ch in 0..c {
-            let (mut s1, mut s2) = (0f64, 0f64);
-            for s in 0..inner {
-                let v = x[at(nhwc, c, inner, img, ch, s)] as f64;
-                s1 += v;
-                s2 += v * v;
-            }
-            let m = inner.max(1) as f64;
-            let mean = (s1 / m) as f32;
-            let var = ((s2 / m) as f32 - mean * mean).max(0.0);
-            means[img * c + ch] = mean;
-            invs[img * c + ch] = 1.0 / (var + eps).sqrt();
-        }
-    }
-    Ok((means, invs))
-}
-
 /// InstanceNormGradient: inputs X, scale, bias, dY and, when all six are given, the saved
 /// mean and inverse std (`[N, C]`; otherwise recomputed from X with `epsilon`); outputs dX,
 /// dscale, dbias.
 struct InstanceNormGradient {
     eps: f32,
     nhwc: bool,
+}
+
+/// The coefficients of `dX = c1 dY + c2 X + c3` of one instance, and its contributions to
+/// dscale and dbias, from `ds = sum(dY X)`, `db = sum(dY)` over its `m` values.
+fn instance_grad_coefs(ds: f64, db: f64, mean: f32, rstd: f32, scale: f32, m: f32) -> [f32; 5] {
+    let (ds, db) = (ds as f32, db as f32);
+    // Sum of dY * x_hat over the instance.
+    let dxhat = (ds - mean * db) * rstd;
+    let c1 = scale * rstd;
+    let c2 = -c1 * rstd * dxhat / m;
+    let c3 = -c2 * mean - c1 * db / m;
+    [c1, c2, c3, dxhat, db]
 }
 
 impl Operator for InstanceNormGradient {
@@ -472,8 +799,8 @@ impl Operator for InstanceNormGradient {
         }
         let x = ctx.input(0)?.as_slice::<f32>()?;
         let dy = ctx.input(3)?.as_slice::<f32>()?;
-        let (means, invs) = if ctx.num_inputs() >= 6 {
-            let saved = |i: usize| -> Result<Vec<f32>> {
+        let stats = if ctx.num_inputs() >= 6 {
+            let saved = |i: usize| -> Result<&[f32]> {
                 let v = ctx.input(i)?.as_slice::<f32>()?;
                 if v.len() != n * c {
                     bail!(
@@ -483,39 +810,110 @@ impl Operator for InstanceNormGradient {
                         n * c
                     );
                 }
-                let mut out = try_vec(v.len(), 0f32, "InstanceNorm statistics")?;
-                out.copy_from_slice(v);
-                Ok(out)
+                Ok(v)
             };
-            (saved(4)?, saved(5)?)
+            let (means, invs) = (saved(4)?, saved(5)?);
+            let mut out = try_vec(n * c, (0f32, 0f32), "InstanceNorm statistics")?;
+            for ((o, &m), &i) in out.iter_mut().zip(means).zip(invs) {
+                *o = (m, i);
+            }
+            out
         } else {
-            instance_moments(x, shape, self.nhwc, self.eps)?
+            instance_stats(x, shape, self.nhwc, self.eps)?
         };
         let mut dx = try_vec(x.len(), 0f32, "InstanceNormGradient dX")?;
+        // Per instance: (sum of dY * x_hat, sum of dY), summed over the images below.
+        let mut parts = try_vec(n * c, (0f32, 0f32), "InstanceNormGradient sums")?;
+        let m = inner.max(1) as f32;
+        let (unit, sunit) = if self.nhwc {
+            (inner * c, c)
+        } else {
+            (inner, 1)
+        };
+        if unit > 0 && !dx.is_empty() {
+            let groups = dx.len() / unit;
+            let per = part_len(groups, dx.len().saturating_mul(3));
+            let items: Vec<_> = dx
+                .chunks_mut(per * unit)
+                .zip(parts.chunks_mut(per * sunit))
+                .enumerate()
+                .collect();
+            let nhwc = self.nhwc;
+            for_each_part(items, &|(i, (dxc, pc))| {
+                let first = i * per;
+                let span = first * unit..first * unit + dxc.len();
+                let (xs, gs) = (&x[span.clone()], &dy[span]);
+                if !nhwc {
+                    let it = dxc
+                        .chunks_mut(inner)
+                        .zip(xs.chunks(inner))
+                        .zip(gs.chunks(inner));
+                    for (k, ((dp, xp), gp)) in it.enumerate() {
+                        let plane = first + k;
+                        let (ds, db) = dot_sum_f64(xp, gp);
+                        let (mean, rstd) = stats[plane];
+                        let [c1, c2, c3, dxhat, db] =
+                            instance_grad_coefs(ds, db, mean, rstd, scale[plane % c], m);
+                        pc[k] = (dxhat, db);
+                        for ((d, &g), &v) in dp.iter_mut().zip(gp).zip(xp) {
+                            *d = c1 * g + c2 * v + c3;
+                        }
+                    }
+                    return;
+                }
+                // C <= X's size.
+                let mut s1 = vec![0f64; c];
+                let mut s2 = vec![0f64; c];
+                let mut coefs = vec![[0f32; 3]; c];
+                let it = dxc
+                    .chunks_mut(unit)
+                    .zip(xs.chunks(unit))
+                    .zip(gs.chunks(unit));
+                for (k, ((di, xi), gi)) in it.enumerate() {
+                    let img = first + k;
+                    s1.fill(0.0);
+                    s2.fill(0.0);
+                    for (xp, gp) in xi.chunks_exact(c).zip(gi.chunks_exact(c)) {
+                        let it = s1.iter_mut().zip(s2.iter_mut()).zip(xp).zip(gp);
+                        for (((a, b), &v), &g) in it {
+                            let g = f64::from(g);
+                            *a += g * f64::from(v);
+                            *b += g;
+                        }
+                    }
+                    for ch in 0..c {
+                        let (mean, rstd) = stats[img * c + ch];
+                        let [c1, c2, c3, dxhat, db] =
+                            instance_grad_coefs(s1[ch], s2[ch], mean, rstd, scale[ch], m);
+                        coefs[ch] = [c1, c2, c3];
+                        pc[k * c + ch] = (dxhat, db);
+                    }
+                    let px = di
+                        .chunks_exact_mut(c)
+                        .zip(xi.chunks_exact(c))
+                        .zip(gi.chunks_exact(c));
+                    for ((dp, xp), gp) in px {
+                        for (((d, &v), &g), cf) in dp.iter_mut().zip(xp).zip(gp).zip(&coefs) {
+                            *d = cf[0] * g + cf[1] * v + cf[2];
+                        }
+                    }
+                }
+            });
+        } else {
+            // No values: every instance has zero sums.
+            for (img_ch, p) in parts.iter_mut().enumerate() {
+                let (mean, rstd) = stats[img_ch];
+                let [_, _, _, dxhat, db] =
+                    instance_grad_coefs(0.0, 0.0, mean, rstd, scale[img_ch % c.max(1)], m);
+                *p = (dxhat, db);
+            }
+        }
         let mut dscale = try_vec(c, 0f32, "InstanceNormGradient dscale")?;
         let mut dbias = try_vec(c, 0f32, "InstanceNormGradient dbias")?;
-        let m = inner.max(1) as f32;
-        for img in 0..n {
-            for ch in 0..c {
-                let (mut ds, mut db) = (0f64, 0f64);
-                for s in 0..inner {
-                    let k = at(self.nhwc, c, inner, img, ch, s);
-                    ds += f64::from(dy[k]) * f64::from(x[k]);
-                    db += f64::from(dy[k]);
-                }
-                let (ds, db) = (ds as f32, db as f32);
-                let (mean, rstd) = (means[img * c + ch], invs[img * c + ch]);
-                // Sum of dY * x_hat over the plane.
-                let dxhat = (ds - mean * db) * rstd;
-                dscale[ch] += dxhat;
-                dbias[ch] += db;
-                let c1 = scale[ch] * rstd;
-                let c2 = -c1 * rstd * dxhat / m;
-                let c3 = -c2 * mean - c1 * db / m;
-                for s in 0..inner {
-                    let k = at(self.nhwc, c, inner, img, ch, s);
-                    dx[k] = c1 * dy[k] + c2 * x[k] + c3;
-                }
+        for img in parts.chunks(c.max(1)) {
+            for ((s, b), &(dxhat, db)) in dscale.iter_mut().zip(dbias.iter_mut()).zip(img) {
+                *s += dxhat;
+                *b += db;
             }
         }
         ctx.output(0)?.ensure::<f32>(&dims).copy_from_slice(&dx);
@@ -685,30 +1083,102 @@ fn create_layer_norm(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operat
     }))
 }
 
-/// Per-channel `(sum(dY * (X - mean) * inv_std), sum(dY))`.
-#[allow(clippy::too_many_arguments)]
+/// Per-channel `(sum(dY * (X - mean) * inv_std), sum(dY))`, as
+/// `(sum(dY X) - mean sum(dY)) inv_std` with the sums in f64.
 fn backprop_stats(
     x: &[f32],
     g: &[f32],
     mean: &[f32],
     inv: &[f32],
-    n: usize,
-    c: usize,
-    inner: usize,
+    (n, c, inner): (usize, usize, usize),
     nhwc: bool,
 ) -> (Vec<f32>, Vec<f32>) {
-    let mut dscale = vec![0f32; c];
-    let mut dbias = vec![0f32; c];
-    for img in 0..n {
-        for ch in 0..c {
-            for s in 0..inner {
-                let k = at(nhwc, c, inner, img, ch, s);
-                dbias[ch] += g[k];
-                dscale[ch] += g[k] * (x[k] - mean[ch]) * inv[ch];
+    let mut sgx = vec![0f64; c];
+    let mut sg = vec![0f64; c];
+    if c > 0 && inner > 0 {
+        if nhwc {
+            for (xp, gp) in x.chunks_exact(c).zip(g.chunks_exact(c)) {
+                for (((a, b), &v), &d) in sgx.iter_mut().zip(sg.iter_mut()).zip(xp).zip(gp) {
+                    let d = f64::from(d);
+                    *a += d * f64::from(v);
+                    *b += d;
+                }
+            }
+        } else {
+            let planes = x.chunks_exact(inner).zip(g.chunks_exact(inner)).take(n * c);
+            for (plane, (xp, gp)) in planes.enumerate() {
+                let (a, b) = dot_sum_f64(xp, gp);
+                sgx[plane % c] += a;
+                sg[plane % c] += b;
             }
         }
     }
+    let dscale = (0..c)
+        .map(|ch| ((sgx[ch] - f64::from(mean[ch]) * sg[ch]) * f64::from(inv[ch])) as f32)
+        .collect();
+    let dbias = sg.iter().map(|&v| v as f32).collect();
     (dscale, dbias)
+}
+
+/// Per-channel `(sum, sum of squares)` of `x` in f64.
+fn channel_sums(
+    x: &[f32],
+    (n, c, inner): (usize, usize, usize),
+    nhwc: bool,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut s1 = vec![0f64; c];
+    let mut s2 = vec![0f64; c];
+    if c == 0 || inner == 0 {
+        return (s1, s2);
+    }
+    if nhwc {
+        for px in x.chunks_exact(c) {
+            for ((a, b), &v) in s1.iter_mut().zip(s2.iter_mut()).zip(px) {
+                let v = f64::from(v);
+                *a += v;
+                *b += v * v;
+            }
+        }
+    } else {
+        for (plane, xp) in x.chunks_exact(inner).enumerate().take(n * c) {
+            let (a, b) = sums_f64(xp);
+            s1[plane % c] += a;
+            s2[plane % c] += b;
+        }
+    }
+    (s1, s2)
+}
+
+/// `y = x * a[channel] + b[channel]` over the whole tensor, in parallel parts.
+fn channel_affine(
+    x: &[f32],
+    y: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    (c, inner): (usize, usize),
+    nhwc: bool,
+) {
+    if nhwc {
+        for_each_chunk(y, c, c.saturating_mul(2), &|first, part| {
+            let xs = &x[first * c..first * c + part.len()];
+            for (yp, xp) in part.chunks_mut(c).zip(xs.chunks(c)) {
+                for (((o, &v), &a), &b) in yp.iter_mut().zip(xp).zip(a).zip(b) {
+                    *o = v * a + b;
+                }
+            }
+        });
+    } else {
+        for_each_chunk(y, inner, inner.saturating_mul(2), &|first, part| {
+            let xs = &x[first * inner..first * inner + part.len()];
+            for (k, (yp, xp)) in part.chunks_mut(inner).zip(xs.chunks(inner)).enumerate() {
+                let ch = (first + k) % c;
+                let (a, b) = (a[ch], b[ch]);
+                for (o, &v) in yp.iter_mut().zip(xp) {
+                    *o = v * a + b;
+                }
+            }
+        });
+    }
 }
 
 /// ChannelStats: X -> (per-channel sum, per-channel sum of squares).
@@ -743,7 +1213,7 @@ fn channel_backprop_stats(ctx: &mut OpContext<'_>, nhwc: bool) -> Result<()> {
     if g.len() != x.len() {
         bail!(ShapeMismatch: "dY must have the shape of X");
     }
-    let (ds, db) = backprop_stats(&x, &g, &mean, &inv, n, c, inner, nhwc);
+    let (ds, db) = backprop_stats(&x, &g, &mean, &inv, (n, c, inner), nhwc);
     ctx.output(0)?.ensure::<f32>(&[c]).copy_from_slice(&ds);
     ctx.output(1)?.ensure::<f32>(&[c]).copy_from_slice(&db);
     Ok(())

@@ -1,7 +1,13 @@
 //! 2-d pooling: MaxPool, AveragePool (padding not counted unless `count_include_pad`),
 //! `global_pooling`, NCHW or NHWC, and their gradients (inputs X, Y, dY).
+//!
+//! The windows along each axis are computed once per call ([`axis_windows`]); NCHW runs one
+//! (image, channel) plane at a time, NHWC one output pixel at a time with the channels
+//! innermost (so those loops vectorize). Parts of the output run in parallel (NCHW: planes,
+//! NHWC: output rows; the gradients: planes or images).
 
 use super::conv_args::{Geometry, Order};
+use super::par::for_each_chunk;
 use crate::bail;
 use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
@@ -39,6 +45,37 @@ struct Pool {
 /// Geometry of one run: (n, c, h, w, kh, kw, oh, ow).
 type Shape = (usize, usize, usize, usize, usize, usize, usize, usize);
 
+/// The window of one output position along one axis: input indices `start..end` (clipped to
+/// the input) and `span`, its extent clipped to the padded input only (for
+/// `count_include_pad`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Win {
+    start: usize,
+    end: usize,
+    span: i64,
+}
+
+/// The windows of the `out` output positions of an axis of `inp` values, kernel `k`, stride
+/// `s`, padding `p0` before and `p1` after: output `o` covers `o * s - p0 .. o * s - p0 + k`,
+/// clipped to `-p0 .. inp + p1` for the span and to `0 .. inp` for the indices.
+fn axis_windows(out: usize, inp: usize, k: usize, s: usize, p0: usize, p1: usize) -> Vec<Win> {
+    let big = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+    let (inp_i, k, s, p0, p1) = (big(inp), big(k), big(s), big(p0), big(p1));
+    (0..out)
+        .map(|o| {
+            let lo = big(o).saturating_mul(s).saturating_sub(p0);
+            let hi = lo.saturating_add(k).min(inp_i.saturating_add(p1));
+            let clip = |v: i64| usize::try_from(v.clamp(0, inp_i)).unwrap_or(inp);
+            let start = clip(lo);
+            Win {
+                start,
+                end: clip(hi).max(start),
+                span: hi.saturating_sub(lo),
+            }
+        })
+        .collect()
+}
+
 impl Pool {
     fn shape(&self, dims: &[usize]) -> Result<Shape> {
         let (n, c, h, w) = self.g.nchw(dims)?;
@@ -58,56 +95,219 @@ impl Pool {
         Ok((n, c, h, w, kh, kw, oh, ow))
     }
 
-    /// Calls `f(out_index, in_indices_of_window, divisor)` for every output element.
-    fn windows(&self, s: Shape, mut f: impl FnMut(usize, &[usize], f32)) {
-        let (n, c, h, w, kh, kw, oh, ow) = s;
-        let (sh, sw) = if self.g.global {
-            (1, 1)
+    /// The row and column windows (no allocation beyond the output's extent: call only with
+    /// a non-empty output or input).
+    fn windows(&self, s: Shape) -> (Vec<Win>, Vec<Win>) {
+        let (_, _, h, w, kh, kw, oh, ow) = s;
+        if self.g.global {
+            let all = |v: usize| Win {
+                start: 0,
+                end: v,
+                span: i64::try_from(v).unwrap_or(i64::MAX),
+            };
+            return (vec![all(h)], vec![all(w)]);
+        }
+        let (st, p) = (self.g.stride, self.g.pad);
+        (
+            axis_windows(oh, h, kh, st[0], p[0], p[2]),
+            axis_windows(ow, w, kw, st[1], p[1], p[3]),
+        )
+    }
+
+    /// The divisor of an average over the window `(r, c)` of `count` input values.
+    #[inline]
+    fn divisor(&self, r: &Win, c: &Win) -> f32 {
+        if self.include_pad {
+            r.span.saturating_mul(c.span).max(1) as f32
         } else {
-            (self.g.stride[0], self.g.stride[1])
-        };
-        let (pt, pl) = if self.g.global {
-            (0, 0)
-        } else {
-            (self.g.pad[0], self.g.pad[1])
-        };
-        let (pb, pr) = if self.g.global {
-            (0, 0)
-        } else {
-            (self.g.pad[2], self.g.pad[3])
-        };
-        // A window holds at most min(kh, h) x min(kw, w) elements of the input, whatever the
-        // kernel argument says.
-        let mut idx = Vec::with_capacity(kh.min(h).saturating_mul(kw.min(w)));
-        for img in 0..n {
-            for ch in 0..c {
-                for oy in 0..oh {
-                    let y0 = (oy * sh) as isize - pt as isize;
-                    let y1 = (y0 + kh as isize).min((h + pb) as isize);
-                    let (ys, ye) = (y0.max(0) as usize, (y1.min(h as isize)).max(0) as usize);
-                    for ox in 0..ow {
-                        let x0 = (ox * sw) as isize - pl as isize;
-                        let x1 = (x0 + kw as isize).min((w + pr) as isize);
-                        let (xs, xe) = (x0.max(0) as usize, (x1.min(w as isize)).max(0) as usize);
-                        idx.clear();
-                        for iy in ys..ye {
-                            for ix in xs..xe {
-                                idx.push(match self.g.order {
-                                    Order::Nchw => ((img * c + ch) * h + iy) * w + ix,
-                                    Order::Nhwc => ((img * h + iy) * w + ix) * c + ch,
-                                });
+            ((r.end - r.start) * (c.end - c.start)).max(1) as f32
+        }
+    }
+}
+
+/// Forward over NCHW planes: `y` holds whole output planes starting at plane `first`. Each
+/// output row first reduces the input rows of its window column by column into `acc` (`w`
+/// values; contiguous, so it vectorizes), then each output reduces its columns of `acc`.
+#[allow(clippy::too_many_arguments)]
+fn forward_nchw(
+    p: &Pool,
+    s: Shape,
+    rows: &[Win],
+    cols: &[Win],
+    x: &[f32],
+    first: usize,
+    y: &mut [f32],
+    acc: &mut [f32],
+) {
+    let (_, _, h, w, _, _, oh, ow) = s;
+    let init = if p.max { f32::NEG_INFINITY } else { 0.0 };
+    for (k, yp) in y.chunks_mut(oh * ow).enumerate() {
+        let plane = first + k;
+        let xp = &x[plane * h * w..(plane + 1) * h * w];
+        for (r, yrow) in rows.iter().zip(yp.chunks_mut(ow)) {
+            acc.fill(init);
+            for xr in xp[r.start * w..r.end * w].chunks_exact(w) {
+                if p.max {
+                    for (a, &v) in acc.iter_mut().zip(xr) {
+                        *a = a.max(v);
+                    }
+                } else {
+                    for (a, &v) in acc.iter_mut().zip(xr) {
+                        *a += v;
+                    }
+                }
+            }
+            for (o, c) in yrow.iter_mut().zip(cols) {
+                let taps = &acc[c.start..c.end];
+                *o = if p.max {
+                    taps.iter().fold(init, |m, &v| m.max(v))
+                } else {
+                    taps.iter().sum::<f32>() / p.divisor(r, c)
+                };
+            }
+        }
+    }
+}
+
+/// Forward over NHWC output rows: `y` holds whole output rows (`ow * c` values) starting at
+/// row `first` (of `n * oh`).
+fn forward_nhwc(
+    p: &Pool,
+    s: Shape,
+    rows: &[Win],
+    cols: &[Win],
+    x: &[f32],
+    first: usize,
+    y: &mut [f32],
+) {
+    let (_, c, h, w, _, _, oh, ow) = s;
+    for (k, yrow) in y.chunks_mut(ow * c).enumerate() {
+        let (img, oy) = ((first + k) / oh, (first + k) % oh);
+        let r = &rows[oy];
+        let xi = &x[img * h * w * c..(img + 1) * h * w * c];
+        for (out, col) in yrow.chunks_mut(c).zip(cols) {
+            out.fill(if p.max { f32::NEG_INFINITY } else { 0.0 });
+            for iy in r.start..r.end {
+                let xr = &xi[(iy * w + col.start) * c..(iy * w + col.end) * c];
+                for px in xr.chunks_exact(c) {
+                    if p.max {
+                        for (o, &v) in out.iter_mut().zip(px) {
+                            *o = o.max(v);
+                        }
+                    } else {
+                        for (o, &v) in out.iter_mut().zip(px) {
+                            *o += v;
+                        }
+                    }
+                }
+            }
+            if !p.max {
+                let d = p.divisor(r, col);
+                for o in out.iter_mut() {
+                    *o /= d;
+                }
+            }
+        }
+    }
+}
+
+/// Gradient over NCHW planes: `dx` holds whole input planes starting at plane `first`. Max
+/// pooling sends each output's gradient to the first (row-major) window element equal to the
+/// output; average pooling spreads it evenly over the window.
+#[allow(clippy::too_many_arguments)]
+fn backward_nchw(
+    p: &Pool,
+    s: Shape,
+    rows: &[Win],
+    cols: &[Win],
+    (x, y, g): (&[f32], &[f32], &[f32]),
+    first: usize,
+    dx: &mut [f32],
+) {
+    let (_, _, h, w, _, _, oh, ow) = s;
+    dx.fill(0.0);
+    for (k, dp) in dx.chunks_mut(h * w).enumerate() {
+        let plane = first + k;
+        let xp = &x[plane * h * w..(plane + 1) * h * w];
+        let yp = &y[plane * oh * ow..(plane + 1) * oh * ow];
+        let gp = &g[plane * oh * ow..(plane + 1) * oh * ow];
+        for (oy, r) in rows.iter().enumerate() {
+            let (yrow, grow) = (&yp[oy * ow..(oy + 1) * ow], &gp[oy * ow..(oy + 1) * ow]);
+            for ((c, &yv), &gv) in cols.iter().zip(yrow).zip(grow) {
+                if p.max {
+                    'win: for iy in r.start..r.end {
+                        for ix in c.start..c.end {
+                            if xp[iy * w + ix] == yv {
+                                dp[iy * w + ix] += gv;
+                                break 'win;
                             }
                         }
-                        let out = match self.g.order {
-                            Order::Nchw => ((img * c + ch) * oh + oy) * ow + ox,
-                            Order::Nhwc => ((img * oh + oy) * ow + ox) * c + ch,
-                        };
-                        let div = if self.include_pad {
-                            ((y1 - y0) * (x1 - x0)).max(1) as f32
-                        } else {
-                            idx.len().max(1) as f32
-                        };
-                        f(out, &idx, div);
+                    }
+                } else {
+                    let v = gv / p.divisor(r, c);
+                    for drow in dp[r.start * w..r.end * w].chunks_exact_mut(w) {
+                        for d in &mut drow[c.start..c.end] {
+                            *d += v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Gradient over NHWC images: `dx` holds whole images starting at image `first`; `pending` is
+/// scratch of `c` flags (max pooling: set while a channel's gradient is still to be placed).
+#[allow(clippy::too_many_arguments)]
+fn backward_nhwc(
+    p: &Pool,
+    s: Shape,
+    rows: &[Win],
+    cols: &[Win],
+    (x, y, g): (&[f32], &[f32], &[f32]),
+    first: usize,
+    dx: &mut [f32],
+    pending: &mut [bool],
+) {
+    let (_, c, h, w, _, _, oh, ow) = s;
+    dx.fill(0.0);
+    let (isz, osz) = (h * w * c, oh * ow * c);
+    for (k, di) in dx.chunks_mut(isz).enumerate() {
+        let img = first + k;
+        let xi = &x[img * isz..(img + 1) * isz];
+        for (oy, r) in rows.iter().enumerate() {
+            for (ox, col) in cols.iter().enumerate() {
+                let o = img * osz + (oy * ow + ox) * c;
+                let (yv, gv) = (&y[o..o + c], &g[o..o + c]);
+                if p.max {
+                    pending.fill(true);
+                    for iy in r.start..r.end {
+                        for ix in col.start..col.end {
+                            let at = (iy * w + ix) * c;
+                            let (xs, ds) = (&xi[at..at + c], &mut di[at..at + c]);
+                            let it = ds
+                                .iter_mut()
+                                .zip(xs)
+                                .zip(yv)
+                                .zip(gv)
+                                .zip(pending.iter_mut());
+                            for ((((d, &xv), &ym), &gm), left) in it {
+                                let hit = *left && xv == ym;
+                                *d += if hit { gm } else { 0.0 };
+                                *left &= !hit;
+                            }
+                        }
+                    }
+                } else {
+                    let div = p.divisor(r, col);
+                    for iy in r.start..r.end {
+                        let at = (iy * w + col.start) * c;
+                        let end = (iy * w + col.end) * c;
+                        for ds in di[at..end].chunks_exact_mut(c) {
+                            for (d, &gm) in ds.iter_mut().zip(gv) {
+                                *d += gm / div;
+                            }
+                        }
                     }
                 }
             }
@@ -120,19 +320,31 @@ impl Operator for Pool {
         let (ins, mut outs) = ctx.split();
         let x = ins.tensor(0)?;
         let s = self.shape(x.dims())?;
-        let (n, c, _, _, _, _, oh, ow) = s;
+        let (n, c, h, w, kh, kw, oh, ow) = s;
         let xs = x.as_slice::<f32>()?;
         let y_dims = self.g.dims(n, c, oh, ow);
+        let nhwc = self.g.order == Order::Nhwc;
+        // Work per output value: the window, clipped to the input.
+        let win = kh.min(h).max(1).saturating_mul(kw.min(w).max(1));
         if !self.gradient {
             let y = outs.tensor(0)?.try_ensure::<f32>(&y_dims)?;
-            let max = self.max;
-            self.windows(s, |o, win, div| {
-                y[o] = if max {
-                    win.iter().map(|&i| xs[i]).fold(f32::NEG_INFINITY, f32::max)
-                } else {
-                    win.iter().map(|&i| xs[i]).sum::<f32>() / div
-                };
-            });
+            if y.is_empty() {
+                return Ok(());
+            }
+            let (rows, cols) = self.windows(s);
+            if nhwc {
+                let unit = ow * c;
+                for_each_chunk(y, unit, unit.saturating_mul(win), &|first, part| {
+                    forward_nhwc(self, s, &rows, &cols, xs, first, part)
+                });
+            } else {
+                let unit = oh * ow;
+                for_each_chunk(y, unit, unit.saturating_mul(win), &|first, part| {
+                    // One input row of scratch (w <= X's size).
+                    let mut acc = vec![0f32; w];
+                    forward_nchw(self, s, &rows, &cols, xs, first, part, &mut acc)
+                });
+            }
             return Ok(());
         }
         let y = ins.tensor(1)?.as_slice::<f32>()?;
@@ -143,20 +355,24 @@ impl Operator for Pool {
         let g = dy.as_slice::<f32>()?;
         let dims = x.dims().to_vec();
         let dx = outs.tensor(0)?.ensure::<f32>(&dims);
-        dx.fill(0.0);
-        let max = self.max;
-        self.windows(s, |o, win, div| {
-            if max {
-                // The first element equal to the max gets the gradient.
-                if let Some(&i) = win.iter().find(|&&i| xs[i] == y[o]) {
-                    dx[i] += g[o];
-                }
-            } else {
-                for &i in win {
-                    dx[i] += g[o] / div;
-                }
-            }
-        });
+        if dx.is_empty() || y.is_empty() {
+            dx.fill(0.0);
+            return Ok(());
+        }
+        let (rows, cols) = self.windows(s);
+        let work = (oh * ow).saturating_mul(win).saturating_add(h * w);
+        if nhwc {
+            let unit = h * w * c;
+            for_each_chunk(dx, unit, work.saturating_mul(c), &|first, part| {
+                // `c` flags: the gradient of a channel is still to be placed (c <= X's size).
+                let mut pending = vec![false; c];
+                backward_nhwc(self, s, &rows, &cols, (xs, y, g), first, part, &mut pending)
+            });
+        } else {
+            for_each_chunk(dx, h * w, work, &|first, part| {
+                backward_nchw(self, s, &rows, &cols, (xs, y, g), first, part)
+            });
+        }
         Ok(())
     }
 }

@@ -5,8 +5,9 @@
 //! Caffe2's ratios come from the two tensors' sizes); output dX of X's shape, each dY element
 //! spread over its four source pixels with the forward's weights.
 
+use super::par::for_each_chunk;
 use crate::bail;
-use crate::error::{try_vec, Result};
+use crate::error::Result;
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
 
@@ -31,6 +32,11 @@ fn source(r: f32, o: usize, inp: usize) -> (usize, usize, f32) {
     let pos = r * o as f32;
     let i = (pos as usize).min(inp - 1);
     (i, usize::from(i + 1 < inp), pos - i as f32)
+}
+
+/// [`source`] of every output index `0..out` (`inp` > 0).
+fn axis_sources(r: f32, out: usize, inp: usize) -> Vec<(usize, usize, f32)> {
+    (0..out).map(|o| source(r, o, inp)).collect()
 }
 
 fn create_gradient(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
@@ -60,29 +66,38 @@ fn create_gradient(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
             bail!(ShapeMismatch: "dY {gd:?} is not empty but X {xd:?} has no pixels");
         }
         let g = dy.as_slice::<f32>()?;
-        let mut acc = try_vec(x.numel(), 0f32, "UpsampleBilinearGradient dX")?;
-        let (rh, rw) = (ratio(h, oh), ratio(w, ow));
-        for p in 0..planes {
-            let src = &g[p * oh * ow..(p + 1) * oh * ow];
-            let dst = &mut acc[p * h * w..(p + 1) * h * w];
-            for y2 in 0..oh {
-                let (h1, h1p, l1) = source(rh, y2, h);
-                let l0 = 1.0 - l1;
-                for x2 in 0..ow {
-                    let (w1, w1p, m1) = source(rw, x2, w);
-                    let m0 = 1.0 - m1;
-                    let v = src[y2 * ow + x2];
-                    let top = h1 * w + w1;
-                    let bottom = (h1 + h1p) * w + w1;
-                    dst[top] += l0 * m0 * v;
-                    dst[top + w1p] += l0 * m1 * v;
-                    dst[bottom] += l1 * m0 * v;
-                    dst[bottom + w1p] += l1 * m1 * v;
-                }
-            }
-        }
         let xd = xd.to_vec();
-        outs.tensor(0)?.ensure::<f32>(&xd).copy_from_slice(&acc);
+        let dx = outs.tensor(0)?.ensure::<f32>(&xd);
+        dx.fill(0.0);
+        if dx.is_empty() || oh * ow == 0 {
+            return Ok(());
+        }
+        let (rows, cols) = (
+            axis_sources(ratio(h, oh), oh, h),
+            axis_sources(ratio(w, ow), ow, w),
+        );
+        for_each_chunk(
+            dx,
+            h * w,
+            (h * w).saturating_add(4 * oh * ow),
+            &|first, part| {
+                for (k, dst) in part.chunks_mut(h * w).enumerate() {
+                    let p = first + k;
+                    let src = &g[p * oh * ow..(p + 1) * oh * ow];
+                    for (&(h1, h1p, l1), grow) in rows.iter().zip(src.chunks_exact(ow)) {
+                        let l0 = 1.0 - l1;
+                        let (top, bottom) = (h1 * w, (h1 + h1p) * w);
+                        for (&(w1, w1p, m1), &v) in cols.iter().zip(grow) {
+                            let m0 = 1.0 - m1;
+                            dst[top + w1] += l0 * m0 * v;
+                            dst[top + w1 + w1p] += l0 * m1 * v;
+                            dst[bottom + w1] += l1 * m0 * v;
+                            dst[bottom + w1 + w1p] += l1 * m1 * v;
+                        }
+                    }
+                }
+            },
+        );
         Ok(())
     })))
 }
@@ -113,39 +128,31 @@ fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         let (oh, ow) = ((h as f32 * hs) as usize, (w as f32 * ws) as usize);
         let xs = x.as_slice::<f32>()?;
         let y = outs.tensor(0)?.try_ensure::<f32>(&[n, c, oh, ow])?;
-        let rh = if oh > 1 {
-            (h as f32 - 1.0) / (oh as f32 - 1.0)
-        } else {
-            0.0
-        };
-        let rw = if ow > 1 {
-            (w as f32 - 1.0) / (ow as f32 - 1.0)
-        } else {
-            0.0
-        };
-        for p in 0..n * c {
-            let src = &xs[p * h * w..(p + 1) * h * w];
-            let dst = &mut y[p * oh * ow..(p + 1) * oh * ow];
-            for y2 in 0..oh {
-                let h1r = rh * y2 as f32;
-                let h1 = h1r as usize;
-                let h1p = usize::from(h1 + 1 < h);
-                let l1 = h1r - h1 as f32;
-                let l0 = 1.0 - l1;
-                for x2 in 0..ow {
-                    let w1r = rw * x2 as f32;
-                    let w1 = w1r as usize;
-                    let w1p = usize::from(w1 + 1 < w);
-                    let m1 = w1r - w1 as f32;
-                    let m0 = 1.0 - m1;
-                    let a = src[h1 * w + w1];
-                    let b = src[h1 * w + w1 + w1p];
-                    let cc = src[(h1 + h1p) * w + w1];
-                    let dd = src[(h1 + h1p) * w + w1 + w1p];
-                    dst[y2 * ow + x2] = l0 * (m0 * a + m1 * b) + l1 * (m0 * cc + m1 * dd);
+        if y.is_empty() {
+            return Ok(());
+        }
+        // oh, ow > 0 here, and so are h and w (oh = floor(h * hs)).
+        let (rows, cols) = (
+            axis_sources(ratio(h, oh), oh, h),
+            axis_sources(ratio(w, ow), ow, w),
+        );
+        for_each_chunk(y, oh * ow, (oh * ow).saturating_mul(4), &|first, part| {
+            for (k, dst) in part.chunks_mut(oh * ow).enumerate() {
+                let p = first + k;
+                let src = &xs[p * h * w..(p + 1) * h * w];
+                for (&(h1, h1p, l1), drow) in rows.iter().zip(dst.chunks_exact_mut(ow)) {
+                    let l0 = 1.0 - l1;
+                    let top = &src[h1 * w..(h1 + 1) * w];
+                    let bottom = &src[(h1 + h1p) * w..(h1 + h1p + 1) * w];
+                    for (o, &(w1, w1p, m1)) in drow.iter_mut().zip(&cols) {
+                        let m0 = 1.0 - m1;
+                        let (a, b) = (top[w1], top[w1 + w1p]);
+                        let (cc, dd) = (bottom[w1], bottom[w1 + w1p]);
+                        *o = l0 * (m0 * a + m1 * b) + l1 * (m0 * cc + m1 * dd);
+                    }
                 }
             }
-        }
+        });
         Ok(())
     })))
 }

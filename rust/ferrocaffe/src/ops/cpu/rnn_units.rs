@@ -41,7 +41,7 @@ struct Unit {
 /// multiply-adds (one rounding each, so every SIMD level gives the same bits; 1.5x faster rows
 /// than separate multiplies and adds on AVX-512; a CPU without FMA computes them in software).
 #[inline(always)]
-fn exp(x: f32) -> f32 {
+pub(crate) fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;

@@ -1,0 +1,89 @@
+//! Splitting an output into parts run through [`crate::blas::for_each_part`] (in parallel
+//! when the work is large enough, see [`crate::blas::part_len`]).
+
+use crate::blas::{for_each_part, part_len};
+
+/// Calls `f(first_unit, chunk)` on consecutive chunks of `out`, each holding whole `unit`-long
+/// units (`out.len()` should be a multiple of `unit`; a shorter tail forms its own chunk),
+/// where `first_unit` is the index of the chunk's first unit. `work_per_unit` (elements read and
+/// written per unit, roughly) decides how many parts run at once. Nothing runs when `out` is
+/// empty or `unit` is zero.
+pub(crate) fn for_each_chunk<T: Send>(
+    out: &mut [T],
+    unit: usize,
+    work_per_unit: usize,
+    f: &(dyn Fn(usize, &mut [T]) + Sync),
+) {
+    if unit == 0 || out.is_empty() {
+        return;
+    }
+    let units = out.len().div_ceil(unit);
+    let per = part_len(units, units.saturating_mul(work_per_unit.max(1)));
+    // per <= units, so per * unit <= out.len() + unit.
+    let parts: Vec<(usize, &mut [T])> = out
+        .chunks_mut(per.saturating_mul(unit))
+        .enumerate()
+        .map(|(i, c)| (i.saturating_mul(per), c))
+        .collect();
+    for_each_part(parts, &|(first, chunk)| f(first, chunk));
+}
+
+/// A copy of input `i` when that blob is also an output of the op (the kernel then reads the
+/// copy while it writes the output), else `None`.
+pub(crate) fn copy_if_inplace(
+    ctx: &crate::ops::operator::OpContext<'_>,
+    i: usize,
+) -> crate::error::Result<Option<Vec<f32>>> {
+    if !(0..ctx.num_outputs()).any(|j| ctx.is_inplace(i, j)) {
+        return Ok(None);
+    }
+    let v = ctx.input(i)?.as_slice::<f32>()?;
+    let mut out = crate::error::try_vec(v.len(), 0f32, "copy of an in-place input")?;
+    out.copy_from_slice(v);
+    Ok(Some(out))
+}
+
+/// `(sum, sum of squares)` of `v` in f64, over eight independent lanes (so it vectorizes).
+pub(crate) fn sums_f64(v: &[f32]) -> (f64, f64) {
+    let mut s1 = [0f64; 8];
+    let mut s2 = [0f64; 8];
+    let chunks = v.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            let x = f64::from(c[i]);
+            s1[i] += x;
+            s2[i] += x * x;
+        }
+    }
+    let (mut a, mut b) = (s1.iter().sum::<f64>(), s2.iter().sum::<f64>());
+    for &x in rest {
+        let x = f64::from(x);
+        a += x;
+        b += x * x;
+    }
+    (a, b)
+}
+
+/// `(sum of a * b, sum of b)` in f64, as [`sums_f64`].
+pub(crate) fn dot_sum_f64(a: &[f32], b: &[f32]) -> (f64, f64) {
+    let mut s1 = [0f64; 8];
+    let mut s2 = [0f64; 8];
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            let yv = f64::from(y[i]);
+            s1[i] += f64::from(x[i]) * yv;
+            s2[i] += yv;
+        }
+    }
+    let (mut p, mut q) = (s1.iter().sum::<f64>(), s2.iter().sum::<f64>());
+    for (&x, &y) in ra.iter().zip(rb) {
+        p += f64::from(x) * f64::from(y);
+        q += f64::from(y);
+    }
+    (p, q)
+}
