@@ -54,11 +54,13 @@ __all__ = [
 ]
 
 C = _native
-# Caffe2's flags: `has_cuda_support` says the build carries CUDA (the wheel always does: it
-# loads the driver at run time); `has_gpu_support` says a GPU can be used here and now, so
-# tests that put ops on CUDA run only where they can.
-has_cuda_support = bool(_native.cuda_built())
-has_gpu_support = has_cuda_support and _native.num_cuda_devices() > 0
+# Caffe2's flags. Caffe2 had CPU-only and CUDA builds, and code (its own test helpers
+# included) reads `has_cuda_support` to decide whether to put ops on CUDA; the one wheel
+# carries CUDA and loads the driver at run time, so both flags say whether a GPU can be used
+# here and now: on a machine without one, code sees what a CPU-only Caffe2 showed it.
+# `_native.cuda_built()` says whether the build carries the backend.
+has_gpu_support = bool(_native.cuda_built()) and _native.num_cuda_devices() > 0
+has_cuda_support = has_gpu_support
 has_hip_support = False
 is_asan = False
 # net name -> op index -> Python stack where the op was added (filled by core.Net)
