@@ -49,6 +49,7 @@ __all__ = [
     "StringifyNetName",
     "StringifyProto",
     "SwitchWorkspace",
+    "GpuDeviceType",
     "Workspaces",
     "blobs",
 ]
@@ -60,6 +61,8 @@ C = _native
 has_cuda_support = bool(_native.cuda_built())
 has_gpu_support = has_cuda_support and _native.num_cuda_devices() > 0
 has_hip_support = False
+# The device type of GPU ops (Caffe2: CUDA unless built for ROCm, whether or not a GPU is here).
+GpuDeviceType = caffe2_pb2.CUDA
 is_asan = False
 # net name -> op index -> Python stack where the op was added (filled by core.Net)
 operator_tracebacks = defaultdict(dict)

@@ -12,7 +12,8 @@
 //!   The free list is a heap ordered by how often a blob was shared already; with blob shapes
 //!   given, the free blob whose size fits best is taken instead. Shared blobs are renamed
 //!   `<namescope>__m<k>_shared`; step nets of `RecurrentNetwork` ops are renamed too and the op
-//!   records each renaming as a `<blob>.rename` argument.
+//!   records each renaming as a `<blob>.rename` argument, and so are the branches of `AsyncIf`
+//!   ops.
 //!
 //! Both return a new net; the op order is unchanged. Names and choices follow Caffe2's exactly,
 //! including the orders in which its C++ standard library containers were iterated
@@ -154,8 +155,7 @@ pub struct DagRecycling {
 ///
 /// Errors (as Caffe2's enforcements, `RuntimeError` in Python): an op that fails its schema; an
 /// op index out of range; a shareable input of an optimized op that no earlier optimized op
-/// writes; an op reached twice by the walk (a head blob read by an op that also waits for
-/// other ops).
+/// writes; an op reached twice by the walk.
 pub fn compute_blob_recycling_for_dag(net: &NetDef, opts: &DagRecycling) -> Result<NetDef> {
     run_schema_check(net)?;
     for &i in &opts.op_indices {
@@ -246,9 +246,14 @@ impl<'a> Dag<'a> {
             blob_device: HashMap::new(),
             processed_outputs: HashSet::new(),
         };
+        // The outputs that may be renamed: shareable ones, unless they must keep their own
+        // storage.
         for &i in &opts.op_indices {
-            dag.optim_op_outputs
-                .extend(net.op[i].output.iter().cloned());
+            for out in &net.op[i].output {
+                if opts.shareable.contains(out) && !opts.dont_share.contains(out) {
+                    dag.optim_op_outputs.insert(out.clone());
+                }
+            }
         }
         // In-degrees: an op waits for every write (so far) of each shareable input that
         // optimized ops produce; other shareable inputs start with one user.
@@ -291,13 +296,14 @@ impl<'a> Dag<'a> {
         t
     }
 
-    /// Walks from each head blob to the ops reading it, depth first.
+    /// Walks depth first from the ops reading a head blob that wait for no other op (a head
+    /// read by an op in the middle of the graph is reached through that op's parents).
     fn walk(&mut self) -> Result<()> {
         let opts = self.opts;
         for head in &opts.heads {
             let starts = self.blob_to_ops.get(head).cloned().unwrap_or_default();
             for op in starts {
-                if self.op_visited[op] {
+                if self.op_visited[op] || self.op_inputs[op] != 0 {
                     continue;
                 }
                 let mut free_blobs: Vec<FreeBlob> = Vec::new();
@@ -382,9 +388,7 @@ impl<'a> Dag<'a> {
         tokens.extend(std::mem::take(&mut self.op_token_deposit[index]));
         if self.op_visited[index] {
             bail!(
-                Runtime: "memonger: {} was reached a second time; the walk must start from ops \
-                 that wait for no other op (is a head blob read by an op in the middle of the \
-                 graph?)",
+                Runtime: "memonger: {} was reached a second time by the walk over the graph",
                 op_label(net, index)
             );
         }
@@ -575,6 +579,9 @@ impl<'a> Dag<'a> {
             if op.r#type().starts_with("RecurrentNetwork") {
                 self.apply_recurrent(op)?;
             }
+            if op.r#type() == "AsyncIf" {
+                self.apply_async_if(op)?;
+            }
             for b in op.input.iter_mut().chain(op.output.iter_mut()) {
                 if let Some(m) = self.mapping.get(b.as_str()) {
                     *b = m.clone();
@@ -582,6 +589,27 @@ impl<'a> Dag<'a> {
             }
         }
         Ok(out)
+    }
+
+    /// The branches of an `AsyncIf` op, their external inputs and outputs included.
+    fn apply_async_if(&self, op: &mut OperatorDef) -> Result<()> {
+        for arg in &mut op.arg {
+            if arg.name() != "then_net" && arg.name() != "else_net" {
+                continue;
+            }
+            let mut branch = self.apply(arg.n.as_ref().unwrap_or(&NetDef::default()))?;
+            for b in branch
+                .external_input
+                .iter_mut()
+                .chain(branch.external_output.iter_mut())
+            {
+                if let Some(m) = self.mapping.get(b.as_str()) {
+                    *b = m.clone();
+                }
+            }
+            arg.n = Some(branch);
+        }
+        Ok(())
     }
 
     fn apply_recurrent(&self, op: &mut OperatorDef) -> Result<()> {
