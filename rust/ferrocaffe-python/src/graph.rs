@@ -668,6 +668,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(graph_find_chains, m)?)?;
     m.add_function(wrap_pyfunction!(graph_versioned_external_outputs, m)?)?;
     m.add_function(wrap_pyfunction!(memonger_optimize_inference_net, m)?)?;
-    m.add_function(wrap_pyfunction!(memonger_compute_blob_recycling_for_dag, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        memonger_compute_blob_recycling_for_dag,
+        m
+    )?)?;
     Ok(())
 }

@@ -34,9 +34,9 @@ use std_order::{pop_heap_min, push_heap_min, StdKeyOrder};
 pub fn run_schema_check(net: &NetDef) -> Result<()> {
     for (i, op) in net.op.iter().enumerate() {
         if let Some(schema) = crate::schema::lookup(op.r#type()) {
-            schema.verify(op).map_err(|e| {
-                err!(Schema: "memonger: operator {i} did not pass schema checking: {e}")
-            })?;
+            schema.verify(op).map_err(
+                |e| err!(Schema: "memonger: operator {i} did not pass schema checking: {e}"),
+            )?;
         }
     }
     Ok(())
@@ -218,9 +218,10 @@ fn device_of(op: &OperatorDef) -> (i32, i32) {
 }
 
 fn op_label(net: &NetDef, i: usize) -> String {
-    net.op
-        .get(i)
-        .map_or_else(|| format!("op {i}"), |op| format!("op {i} ({})", op.r#type()))
+    net.op.get(i).map_or_else(
+        || format!("op {i}"),
+        |op| format!("op {i} ({})", op.r#type()),
+    )
 }
 
 impl<'a> Dag<'a> {
@@ -460,10 +461,9 @@ impl<'a> Dag<'a> {
     }
 
     fn blob_size(&self, blob: &str) -> i64 {
-        self.opts
-            .blob_shapes
-            .get(blob)
-            .map_or(0, |dims| dims.iter().fold(1i64, |a, &d| a.saturating_mul(d)))
+        self.opts.blob_shapes.get(blob).map_or(0, |dims| {
+            dims.iter().fold(1i64, |a, &d| a.saturating_mul(d))
+        })
     }
 
     /// Whether an op holding `tokens` on `device` may write into `blob`: the blob lives on the

@@ -142,7 +142,10 @@ fn inference_net_leaves_other_nets_alone() {
     let mut done = chain();
     done.op[0].output[0] = "__m0_shared".into();
     done.op[1].input[0] = "__m0_shared".into();
-    assert_eq!(optimize_inference_net(&done, &strings(&["x", "d"])).unwrap(), done);
+    assert_eq!(
+        optimize_inference_net(&done, &strings(&["x", "d"])).unwrap(),
+        done
+    );
 
     let mut rnn = chain();
     rnn.op.push(op("RecurrentNetwork", &["d"], &["e", "h"]));
@@ -210,7 +213,10 @@ fn dag_branches_do_not_share_until_they_join() {
         (strings(&["x"]), strings(&["ns__m1_shared"])),
         (strings(&["ns__m1_shared"]), strings(&["ns__m0_shared"])),
         (strings(&["ns__m1_shared"]), strings(&["c"])),
-        (strings(&["ns__m0_shared", "c"]), strings(&["ns__m1_shared"])),
+        (
+            strings(&["ns__m0_shared", "c"]),
+            strings(&["ns__m1_shared"]),
+        ),
         (strings(&["ns__m1_shared"]), strings(&["ns__m0_shared"])),
     ];
     assert_eq!(io(&out), want);
@@ -304,8 +310,8 @@ fn dag_renames_async_if_branches() {
         ..Default::default()
     });
     net.op[3] = async_if;
-    let out = compute_blob_recycling_for_dag(&net, &dag_opts(&["x"], &["a", "b", "c"], 4, ""))
-        .unwrap();
+    let out =
+        compute_blob_recycling_for_dag(&net, &dag_opts(&["x"], &["a", "b", "c"], 4, "")).unwrap();
     let then = out.op[3].arg[0].n.as_ref().unwrap();
     assert_eq!(then.op[0].input, strings(&["__m0_shared"]));
     assert_eq!(then.external_input, strings(&["__m0_shared"]));
@@ -336,8 +342,8 @@ fn dag_renames_inside_recurrent_step_nets() {
 fn dag_errors_name_the_problem() {
     // A shareable input that an optimized op writes only later.
     let net = net_of(vec![op("Relu", &["y"], &["a"]), op("Relu", &["a"], &["y"])]);
-    let e = compute_blob_recycling_for_dag(&net, &dag_opts(&["x"], &["a", "y"], 2, ""))
-        .unwrap_err();
+    let e =
+        compute_blob_recycling_for_dag(&net, &dag_opts(&["x"], &["a", "y"], 2, "")).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Runtime);
     assert!(e.to_string().contains("'y'"), "{e}");
 
