@@ -318,7 +318,7 @@ pub(crate) fn pop_heap_min<T: Ord>(v: &mut [T]) {
         v.swap(hole, second);
         hole = second;
     }
-    if len % 2 == 0 && len >= 2 && second == (len - 2) / 2 {
+    if len.is_multiple_of(2) && len >= 2 && second == (len - 2) / 2 {
         second = 2 * (second + 1);
         v.swap(hole, second - 1);
         hole = second - 1;
