@@ -73,6 +73,18 @@ def graph_sub_graph_io(net: bytes, ops: list[int]) -> tuple[list[Versioned], lis
 def graph_find_chains(net: bytes, op_type: str, min_length: int) -> list[list[int]]: ...
 def graph_versioned_external_outputs(net: bytes) -> list[Versioned]: ...
 
+# --- Memonger (``ferrocaffe.memonger`` wraps these) --------------------------------------------
+def memonger_optimize_inference_net(net: bytes, static_blobs: list[str]) -> bytes: ...
+def memonger_compute_blob_recycling_for_dag(
+    net: bytes,
+    heads: list[str],
+    op_indices: list[int],
+    shareable_blobs: set[str],
+    namescope: str,
+    dont_share_blobs: set[str],
+    blob_shapes: dict[str, list[int]],
+) -> bytes: ...
+
 # --- Autodiff (``ferrocaffe.core.gradients`` wraps these) ----------------------------------
 # A gradient crossing the boundary: None, a blob name, or an (indices, values) pair.
 Grad = str | tuple[str, str] | None

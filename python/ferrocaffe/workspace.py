@@ -49,6 +49,7 @@ __all__ = [
     "StringifyNetName",
     "StringifyProto",
     "SwitchWorkspace",
+    "GpuDeviceType",
     "Workspaces",
     "blobs",
 ]

@@ -1,9 +1,13 @@
-//! Bindings of `ferrocaffe::graph`: SSA (`core.get_ssa` and friends) and graph surgery.
+//! Bindings of `ferrocaffe::graph`: SSA (`core.get_ssa` and friends), graph surgery and the
+//! memonger (`memonger_*`, Caffe2's `C.memonger_*`).
 //!
 //! Nets cross as serialized `NetDef` bytes; results come back as the Python lists, tuples,
 //! sets and dicts Caffe2 returned. The algorithms run with the GIL released.
 
-use ferrocaffe::graph::{Graph, Ssa, ValueId, Version};
+use std::collections::{HashMap, HashSet};
+
+use ferrocaffe::graph::{memonger, Graph, Ssa, ValueId, Version};
+use ferrocaffe::proto::NetDef;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
@@ -590,6 +594,67 @@ fn graph_versioned_external_outputs(
     })
 }
 
+/// Caffe2's `memonger_optimize_inference_net`: the net with its blobs recycled (see
+/// `ferrocaffe::graph::memonger::optimize_inference_net`), as bytes.
+#[pyfunction]
+fn memonger_optimize_inference_net<'py>(
+    py: Python<'py>,
+    net: &[u8],
+    static_blobs: Vec<String>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    guard("memonger_optimize_inference_net", || {
+        let out = detach_guarded(
+            py,
+            "memonger_optimize_inference_net",
+            || -> ferrocaffe::Result<Vec<u8>> {
+                let net = ferrocaffe::proto::decode::<NetDef>(net)?;
+                let out = memonger::optimize_inference_net(&net, &static_blobs)?;
+                Ok(ferrocaffe::proto::encode(&out))
+            },
+        )
+        .py()?;
+        Ok(PyBytes::new(py, &out))
+    })
+}
+
+/// Caffe2's `memonger_compute_blob_recycling_for_dag`: the net with its shareable blobs
+/// recycled (see `ferrocaffe::graph::memonger::compute_blob_recycling_for_dag`), as bytes.
+#[pyfunction]
+#[pyo3(signature = (net, heads, op_indices, shareable_blobs, namescope, dont_share_blobs, blob_shapes))]
+#[allow(clippy::too_many_arguments)]
+fn memonger_compute_blob_recycling_for_dag<'py>(
+    py: Python<'py>,
+    net: &[u8],
+    heads: Vec<String>,
+    op_indices: Vec<usize>,
+    shareable_blobs: HashSet<String>,
+    namescope: String,
+    dont_share_blobs: HashSet<String>,
+    blob_shapes: HashMap<String, Vec<i64>>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    guard("memonger_compute_blob_recycling_for_dag", || {
+        let opts = memonger::DagRecycling {
+            heads,
+            op_indices,
+            shareable: shareable_blobs,
+            namescope,
+            dont_share: dont_share_blobs,
+            blob_shapes,
+        };
+        let out = detach_guarded(
+            py,
+            "memonger_compute_blob_recycling_for_dag",
+            || -> ferrocaffe::Result<Vec<u8>> {
+                let net = ferrocaffe::proto::decode::<NetDef>(net)?;
+                let out = memonger::compute_blob_recycling_for_dag(&net, &opts)?;
+                Ok(ferrocaffe::proto::encode(&out))
+            },
+        )
+        .py()?;
+        Ok(PyBytes::new(py, &out))
+    })
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ssa_get_ssa, m)?)?;
     m.add_function(wrap_pyfunction!(ssa_get_op_ids_in_path, m)?)?;
@@ -602,5 +667,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(graph_sub_graph_io, m)?)?;
     m.add_function(wrap_pyfunction!(graph_find_chains, m)?)?;
     m.add_function(wrap_pyfunction!(graph_versioned_external_outputs, m)?)?;
+    m.add_function(wrap_pyfunction!(memonger_optimize_inference_net, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        memonger_compute_blob_recycling_for_dag,
+        m
+    )?)?;
     Ok(())
 }

@@ -13,7 +13,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         ("proto", &["error"][..]),
         ("wire", &["error", "proto"][..]),
         ("schema", &["error", "proto"][..]),
-        ("graph", &["error", "proto", "wire"][..]),
+        ("graph", &["error", "proto", "wire", "schema"][..]),
         (
             "autodiff",
             &["error", "proto", "wire", "graph", "schema", "device"][..],

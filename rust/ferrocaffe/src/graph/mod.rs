@@ -5,6 +5,8 @@
 //!   `get_op_ids_in_path`.
 //! * [`Graph`]: producer/consumer maps over versioned blobs, consistent renames across a
 //!   predict net and its init net, dead-end removal, sub-graph boundaries, op-type chains.
+//! * [`memonger`]: Caffe2's memory optimizer (blob recycling over op lifetimes, linear or over
+//!   a DAG).
 //! * [`NetIo`] and [`wire`]: the blob-level shape of a net, read from a message or straight from
 //!   its serialized bytes (the fast path used by the Python binding).
 //!
@@ -29,6 +31,7 @@
 //! ```
 
 pub mod intern;
+pub mod memonger;
 pub mod netio;
 pub mod ssa;
 mod ssa_wire;

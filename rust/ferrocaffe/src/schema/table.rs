@@ -1199,6 +1199,21 @@ pub static SCHEMAS: &[OpSchema] = &[
         args: &["then_net", "else_net"],
         private: false,
     },
+    // Caffe2's IndexFreeze (index_ops.cc): one handle in, the same handle out, in place.
+    // Schema only (no kernel): the memonger's schema check rejects it written out of place.
+    OpSchema {
+        name: "IndexFreeze",
+        inputs: (1, 1),
+        outputs: (1, 1),
+        input_count_mask: 0,
+        output_count_mask: 0,
+        inplace_allowed: &[],
+        inplace_enforced: &[(0, 0)],
+        input_names: &["handle"],
+        output_names: &["handle"],
+        args: &[],
+        private: false,
+    },
     OpSchema::open("InstanceNorm"),
     OpSchema::open("InstanceNormGradient"),
     OpSchema {
