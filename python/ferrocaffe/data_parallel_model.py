@@ -40,7 +40,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ferrocaffe import core, model_helper, scope, utils, workspace
+from ferrocaffe import core, memonger, model_helper, scope, utils, workspace
 from ferrocaffe.proto import caffe2_pb2
 
 log = logging.getLogger("data_parallel_model")
@@ -1278,22 +1278,10 @@ def _ComputeBlobsToSync(model):
 
 
 # -------------------------------------------------------------------------- memory (memonger)
-def _memonger():
-    try:
-        from ferrocaffe import memonger
-    except ImportError as e:
-        raise ImportError(
-            "data_parallel_model: optimizing gradient memory needs ferrocaffe.memonger, which "
-            f"could not be imported ({e})"
-        ) from e
-    return memonger
-
-
 def _OptimizeGradientMemorySimple(model, losses_by_gpu, devices):
     log.warning(
         "------- DEPRECATED API, please use data_parallel_model.OptimizeGradientMemory() -----"
     )
-    memonger = _memonger()
     for device in devices:
         namescope = f"{model._device_prefix}_{device}/"
         model.net._net = memonger.share_grad_blobs(
@@ -1313,7 +1301,7 @@ def _AddDynamicMemoryOptimization(model, blobs_to_keep, devices):
     if model._rendezvous is not None:
         # Collective ops expect the gradient tensors to stay where they are between runs.
         keep.update(str(g) for g in model.param_to_grad.values())
-    model.net._net = _memonger().release_blobs_when_used(model.net.Proto(), keep)
+    model.net._net = memonger.release_blobs_when_used(model.net.Proto(), keep)
 
 
 def OptimizeGradientMemory(model, input_shapes, excluded_blobs, recycle_activations):
@@ -1322,7 +1310,6 @@ def OptimizeGradientMemory(model, input_shapes, excluded_blobs, recycle_activati
 
     ``input_shapes``: unscoped input name -> shape (``{}`` if unknown; None: no shape
     inference); ``excluded_blobs``: unscoped names that must keep their own memory."""
-    memonger = _memonger()
     shapes = None
     if input_shapes is not None:
         scoped_shapes = {

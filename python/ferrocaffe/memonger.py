@@ -32,11 +32,22 @@ import enum
 import logging
 import time
 
-import networkx as nx
 import numpy as np
 
 from ferrocaffe import _native, core, workspace
 from ferrocaffe.proto import caffe2_pb2
+
+
+def _networkx():
+    """networkx, which the graph traversals use (as Caffe2's memonger did); imported when one
+    of them runs, so the rest of the module works without it."""
+    try:
+        import networkx
+    except ImportError as e:
+        raise ImportError(
+            "memonger: this function needs networkx (pip install networkx), as Caffe2's did"
+        ) from e
+    return networkx
 
 __all__ = [
     "LiveRange",
@@ -343,6 +354,7 @@ def _with_single_sink(g):
 def _longest_path_from(g, source):
     """The longest path from ``source`` (Bellman-Ford on weights -1), as networkx reports it:
     from the farthest node back along the first recorded predecessor."""
+    nx = _networkx()
     pred, dist = nx.bellman_ford_predecessor_and_distance(g, source, weight="weight")
     node = min(dist, key=lambda n: dist[n])
     path = [node]
@@ -356,6 +368,7 @@ def _longest_path_from(g, source):
 def _leaves_by_height(paths):
     """Merges the paths (which end at one root) into a tree whose edges point from the root to
     the sources, and returns its leaves, the children of every node visited lowest first."""
+    nx = _networkx()
     tree = nx.DiGraph()
     tree.add_nodes_from({n for p in paths for n in p})
     for p in paths:
@@ -387,6 +400,7 @@ def _leaves_by_height(paths):
 def topological_sort_traversal(g):
     """A topological order of the op graph ``g``: the order networkx 2 (which Caffe2 used)
     gave, Kahn's algorithm with the ready nodes on a stack (the last one ready runs first)."""
+    nx = _networkx()
     waiting = {n: d for n, d in g.in_degree() if d > 0}
     ready = [n for n, d in g.in_degree() if d == 0]
     order = []
@@ -406,6 +420,7 @@ def topological_sort_traversal(g):
 def topological_sort_traversal_longest_path(g):
     """A topological order of the op graph ``g`` that starts the sources with the longest path
     to the end of the graph first, so that blobs live shorter on average."""
+    nx = _networkx()
     single = _with_single_sink(g)
     weighted = copy.deepcopy(single)
     for a, b in weighted.edges():
@@ -433,6 +448,7 @@ def compute_interference_graph(ops):
     """The dependency graph of ``ops``: node ``i`` (attribute ``op``) for each op, and an edge
     ``i -> j`` (attribute ``deps``, the blobs passed) when a later op ``j`` reads an output of
     op ``i``."""
+    nx = _networkx()
     g = nx.DiGraph()
     for i, op in enumerate(ops):
         g.add_node(i, op=op)
