@@ -626,7 +626,6 @@ def test_use_nccl_is_accepted_and_changes_nothing_on_cpu():
 
 
 def test_optimize_gradient_memory_shares_each_devices_gradients(monkeypatch):
-    import sys
     import types
 
     calls = []
