@@ -80,20 +80,33 @@ pub(crate) fn im2col(g: &Geometry, d: &Dims, x: &[f32], img: usize, gi: usize, c
         }
         Order::Nhwc => {
             let kd = cg * d.kh * d.kw;
+            // With one group and no dilation, the taps of one window row are one run of
+            // kw * C values of the input.
+            let runs = d.group == 1 && dw == 1;
             for oy in 0..d.oh {
                 for ox in 0..d.ow {
                     let p = oy * d.ow + ox;
+                    let off = (ox * sw) as isize - pl;
+                    let (lo, hi) = valid_range(d.kw, dw, off, d.w);
                     for ki in 0..d.kh {
                         let iy = (oy * sh + ki * dh) as isize - pt;
-                        for kj in 0..d.kw {
-                            let ix = (ox * sw + kj * dw) as isize - pl;
-                            let dst = &mut col[p * kd + (ki * d.kw + kj) * cg..][..cg];
-                            if iy < 0 || iy >= d.h as isize || ix < 0 || ix >= d.w as isize {
-                                dst.fill(0.0);
-                            } else {
-                                let src =
-                                    ((img * d.h + iy as usize) * d.w + ix as usize) * d.c + gi * cg;
-                                dst.copy_from_slice(&x[src..src + cg]);
+                        let dst = &mut col[p * kd + ki * d.kw * cg..p * kd + (ki + 1) * d.kw * cg];
+                        if iy < 0 || iy >= d.h as isize || lo == hi {
+                            dst.fill(0.0);
+                            continue;
+                        }
+                        dst[..lo * cg].fill(0.0);
+                        dst[hi * cg..].fill(0.0);
+                        let row = (img * d.h + iy as usize) * d.w;
+                        // lo * dw + off >= 0 by construction of the range.
+                        let first = (lo as isize * dw as isize + off) as usize;
+                        if runs {
+                            let src = (row + first) * d.c;
+                            dst[lo * cg..hi * cg].copy_from_slice(&x[src..src + (hi - lo) * d.c]);
+                        } else {
+                            for kj in lo..hi {
+                                let src = (row + first + (kj - lo) * dw) * d.c + gi * cg;
+                                dst[kj * cg..(kj + 1) * cg].copy_from_slice(&x[src..src + cg]);
                             }
                         }
                     }
@@ -149,21 +162,39 @@ pub(crate) fn col2im(g: &Geometry, d: &Dims, col: &[f32], img: usize, gi: usize,
         }
         Order::Nhwc => {
             let kd = cg * d.kh * d.kw;
+            let runs = d.group == 1 && dw == 1;
             for oy in 0..d.oh {
                 for ox in 0..d.ow {
                     let p = oy * d.ow + ox;
+                    let off = (ox * sw) as isize - pl;
+                    let (lo, hi) = valid_range(d.kw, dw, off, d.w);
+                    if lo == hi {
+                        continue;
+                    }
+                    let first = (lo as isize * dw as isize + off) as usize;
                     for ki in 0..d.kh {
                         let iy = (oy * sh + ki * dh) as isize - pt;
-                        for kj in 0..d.kw {
-                            let ix = (ox * sw + kj * dw) as isize - pl;
-                            if iy < 0 || iy >= d.h as isize || ix < 0 || ix >= d.w as isize {
-                                continue;
-                            }
-                            let src = &col[p * kd + (ki * d.kw + kj) * cg..][..cg];
-                            let dst =
-                                ((img * d.h + iy as usize) * d.w + ix as usize) * d.c + gi * cg;
-                            for (o, v) in dx[dst..dst + cg].iter_mut().zip(src) {
+                        if iy < 0 || iy >= d.h as isize {
+                            continue;
+                        }
+                        let src = &col[p * kd + ki * d.kw * cg..p * kd + (ki + 1) * d.kw * cg];
+                        let row = (img * d.h + iy as usize) * d.w;
+                        if runs {
+                            let at = (row + first) * d.c;
+                            for (o, v) in dx[at..at + (hi - lo) * d.c]
+                                .iter_mut()
+                                .zip(&src[lo * cg..hi * cg])
+                            {
                                 *o += v;
+                            }
+                        } else {
+                            for kj in lo..hi {
+                                let at = (row + first + (kj - lo) * dw) * d.c + gi * cg;
+                                for (o, v) in
+                                    dx[at..at + cg].iter_mut().zip(&src[kj * cg..(kj + 1) * cg])
+                                {
+                                    *o += v;
+                                }
                             }
                         }
                     }
