@@ -49,6 +49,9 @@ CASES = [
     (6, 8, 9, 9, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 8),  # depthwise
     (2, 5, 9, 8, 5, 3, 2, (2, 1), (1, 0, 1, 1), (1, 2), 5),  # depthwise, odd geometry
     (3, 2, 6, 6, 3, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 1),
+    # One input channel (NHWC runs it NCHW-wise, then transposes).
+    (4, 1, 12, 11, 6, 5, 3, (1, 2), (1, 0, 2, 1), (1, 1), 1),
+    (3, 1, 13, 13, 20, 3, 3, (2, 1), (0, 1, 1, 0), (2, 1), 1),
     # Enough work per image that batches are shared out to the compute threads.
     (5, 16, 16, 16, 16, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
     (3, 16, 16, 16, 32, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),

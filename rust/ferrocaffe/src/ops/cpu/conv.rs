@@ -71,6 +71,11 @@ fn too_large(what: &str, d: &Dims) -> Error {
 struct Plan {
     /// 1x1 filters, stride 1, no padding (and, in NHWC, one group): no im2col.
     direct: bool,
+    /// NHWC with one input channel (a first layer on grey images): the input is laid out as
+    /// in NCHW, so the product runs NCHW-wise, `W [M, kd] x col [kd, oh*ow]` with the few
+    /// filters as the short side (the small-dimension kernels), then one transpose into Y,
+    /// instead of a tall `[oh*ow, kd] x [kd, M]` product with two short sides.
+    single_channel: Option<Geometry>,
     col_len: usize,
     tmp_len: usize,
 }
@@ -90,7 +95,12 @@ impl Plan {
             && g.pad == [0, 0, 0, 0]
             && (g.order == Order::Nchw || d.group == 1);
         let col_len = if one_by_one { 0 } else { d.col_len()? };
-        let tmp_len = if g.order == Order::Nhwc && d.group > 1 {
+        let single_channel = (g.order == Order::Nhwc && d.c == 1 && d.group == 1 && !one_by_one)
+            .then(|| Geometry {
+                order: Order::Nchw,
+                ..g.clone()
+            });
+        let tmp_len = if g.order == Order::Nhwc && (d.group > 1 || single_channel.is_some()) {
             // so * mg <= so * m = one image of Y, which is allocated already.
             d.spatial_out() * d.mg()
         } else {
@@ -98,6 +108,7 @@ impl Plan {
         };
         Ok(Plan {
             direct: one_by_one,
+            single_channel,
             col_len,
             tmp_len,
         })
@@ -282,6 +293,17 @@ impl Conv {
                     } else {
                         im2col(&self.g, d, xs, img, gi, col);
                         gemm.sgemm(false, false, mg, so, kd, 1.0, wg, col, 0.0, dst);
+                    }
+                }
+                Order::Nhwc if plan.single_channel.is_some() => {
+                    if let Some(g1) = &plan.single_channel {
+                        im2col(g1, d, xs, img, 0, col);
+                        gemm.sgemm(false, false, d.m, so, kd, 1.0, wg, col, 0.0, tmp);
+                        for (p, row) in yi.chunks_mut(d.m).enumerate() {
+                            for (m, v) in row.iter_mut().enumerate() {
+                                *v = tmp[m * so + p];
+                            }
+                        }
                     }
                 }
                 Order::Nhwc => {
