@@ -142,7 +142,8 @@ class SerializedTestCase(hu.HypothesisTestCase):
         if os.path.exists(output_dir):
             return output_dir
         # Caffe2 looked under the working directory next
-        return os.path.join(os.getcwd(), _CAFFE2_PACKAGE_DIR, DATA_SUFFIX, operator_test_type)
+        fallback = os.path.join(os.getcwd(), _CAFFE2_PACKAGE_DIR, DATA_SUFFIX, operator_test_type)
+        return fallback if os.path.exists(fallback) else output_dir
 
     def get_output_filename(self):
         """``<test file name without extension>.<test method>``."""
