@@ -266,6 +266,7 @@ def test_gpu_extension_modules_are_absent_through_compat():
         import caffe2.python._import_c_extension as C
         import caffe2.python.hip_test_util, caffe2.python.mkl_test_util
         import caffe2.python.device_checker
+        from caffe2.python.serialized_test import coverage  # Caffe2's own util imports it
         out["hu"] = hu.__name__
         out["serial_base"] = serial.SerializedTestCase.__mro__[1].__name__
         out["C"] = [hasattr(C, "Workspace"), hasattr(C, "cudnn_convolution_fwd_algo_count")]
@@ -503,6 +504,10 @@ def test_serialized_record_then_compare(output_context):
     record = output_context / "operator_test" / "test_caffe2_helpers.test_scale.zip"
     with zipfile.ZipFile(record) as z:
         assert sorted(z.namelist()) == ["grad_0.pb", "inout.npz", "op.pb"]
+    report = (output_context / "SerializedTestCoverage.md").read_text()
+    covered = report.split("## Covered operators")[1].split("</details>")[0]
+    assert "* Scale\n" in covered  # the op and its gradient op (a Scale too)
+    assert "* Relu\n" in report.split("## Not covered operators")[1].split("</details>")[0]
     serial._output_context.should_generate_output = False
     _scale_check(case, x)  # same inputs, same outputs, same gradient op
     # other inputs: the recorded op runs on the recorded inputs

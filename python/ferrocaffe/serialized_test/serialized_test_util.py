@@ -17,7 +17,9 @@ The output dir is ``_output_context.output_dir`` when set, else :data:`DATA_DIR`
 fetched by ferrocaffe's test tooling (``~/.cache/ferrocaffe/caffe2-tests/caffe2/python/
 serialized_test/data``). ferrocaffe ships no recorded data of its own. Setting
 ``_output_context.should_generate_output`` (Caffe2's ``-G``) writes the zip instead of
-comparing; ``_output_context.disable_serialized_check`` (``-D``) turns the comparison off.
+comparing, and then ``SerializedTestCoverage.md`` (see :mod:`.coverage`) beside the
+``operator_test`` folder unless ``_output_context.disable_gen_coverage`` (``-C``);
+``_output_context.disable_serialized_check`` (``-D``) turns the comparison off.
 """
 
 import inspect
@@ -35,6 +37,7 @@ import numpy as np
 from ferrocaffe import gradient_checker
 from ferrocaffe import hypothesis_test_util as hu
 from ferrocaffe.proto import caffe2_pb2
+from ferrocaffe.serialized_test import coverage
 
 __all__ = [
     "DATA_DIR",
@@ -216,6 +219,11 @@ class SerializedTestCase(hu.HypothesisTestCase):
             return
         if getattr(_output_context, "should_generate_output", False):
             self.serialize_test(inputs, outputs, gradient_operator, op, device_option)
+            if not getattr(_output_context, "disable_gen_coverage", False):
+                # Caffe2 wrote the report into its package; ferrocaffe beside the records
+                coverage.gen_serialized_test_coverage(
+                    self.get_output_dir(), os.path.dirname(self.get_output_dir())
+                )
         else:
             self.compare_test(inputs, outputs, gradient_operator, atol, rtol)
 
@@ -270,8 +278,7 @@ class SerializedTestCase(hu.HypothesisTestCase):
 
 def testWithArgs():
     """``unittest.main()`` after reading Caffe2's options: ``-G`` (generate),
-    ``-O DIR`` (output dir), ``-D`` (no serialized check), ``-C`` (no coverage file; ferrocaffe
-    writes none anyway)."""
+    ``-O DIR`` (output dir), ``-D`` (no serialized check), ``-C`` (no coverage report)."""
     import argparse
     import unittest
 
