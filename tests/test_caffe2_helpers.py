@@ -617,3 +617,25 @@ def test_prepare_rnn_feeds_states_and_lengths():
         2, 3, 5, create_rnn, [0], 0.0, two_d_initial_states=True, num_states=1
     )
     assert workspace.FetchBlob("state_0/layer_0").shape == (3, 5)
+
+
+# ---------------------------------------------------------------------------- engine prefs
+
+
+def test_engine_preferences_are_checked_and_fall_back_to_the_default():
+    from ferrocaffe.core import engine
+
+    core.SetEnginePref({}, {})  # what Caffe2's own test_util.TestCase does first
+    core.SetOpEnginePref("Relu", {caffe2_pb2.CPU: ["NOT_BUILT"]})
+    core.SetGlobalEnginePref({caffe2_pb2.CPU: ["NOT_BUILT"]})
+    assert engine._per_op_pref[caffe2_pb2.CPU]["Relu"] == ["NOT_BUILT"]
+    (y,) = hu.runOpOnInput(
+        hu.cpu_do, core.CreateOperator("Relu", ["X"], ["Y"]), [np.array([-1.0], np.float32)]
+    )
+    assert y.tolist() == [0.0]  # the default implementation ran
+    with pytest.raises(RuntimeError, match="NoSuchOp not registered"):
+        core.SetOpEnginePref("NoSuchOp", {caffe2_pb2.CPU: ["X"]})
+    with pytest.raises(TypeError):
+        core.SetGlobalEnginePref({caffe2_pb2.CPU: "NNPACK"})
+    engine._per_op_pref.clear()
+    engine._global_pref.clear()
