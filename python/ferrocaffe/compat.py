@@ -14,6 +14,10 @@
 ferrocaffe.core``). The packages ``caffe2``, ``caffe2.python`` and ``caffe2.proto`` are
 stand-ins that load their submodules on first attribute access, as Caffe2's did by importing
 them eagerly. A name ferrocaffe lacks raises ``ModuleNotFoundError`` naming both modules.
+
+Caffe2's GPU extension modules (``caffe2.python.caffe2_pybind11_state_gpu`` and ``_hip``) are
+absent as on a CPU-only Caffe2 build: ``importlib.util.find_spec`` returns None for them and
+importing them raises the plain ``ModuleNotFoundError``, so code probing for them goes on.
 """
 
 from __future__ import annotations
@@ -33,6 +37,12 @@ _PACKAGES = {
     "caffe2.python": "ferrocaffe",
     "caffe2.proto": "ferrocaffe.proto",
 }
+
+
+# Caffe2's CUDA and ROCm builds of its C extension; a CPU-only Caffe2 had neither.
+_ABSENT = frozenset(
+    {"caffe2.python.caffe2_pybind11_state_gpu", "caffe2.python.caffe2_pybind11_state_hip"}
+)
 
 
 def target_of(name: str) -> str | None:
@@ -99,7 +109,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         if fullname in _PACKAGES:
             return importlib.machinery.ModuleSpec(fullname, _PackageLoader(), is_package=True)
         real = target_of(fullname)
-        if real is None:
+        if real is None or fullname in _ABSENT:
             return None
         if not _target_exists(real):
             raise ModuleNotFoundError(

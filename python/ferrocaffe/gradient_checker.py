@@ -74,6 +74,16 @@ def _perturbed(x, index, delta):
     return y, float(y.flat[index]) - float(np.asarray(x).flat[index])
 
 
+def _central_difference(loss_plus, loss_minus, step_plus, step_minus):
+    """``(loss_plus - loss_minus) / (step_plus - step_minus)``; 0 where rounding to the
+    input's dtype left the input unchanged (an integer input moved by less than 0.5), as the
+    loss cannot have changed then (Caffe2 estimated 0 for such inputs too)."""
+    span = step_plus - step_minus
+    if span == 0:
+        return 0.0
+    return (loss_plus - loss_minus) / span
+
+
 def _full_check_requested(flag):
     if flag is not None:
         return bool(flag)
@@ -253,7 +263,7 @@ class GradientChecker:
                 losses.append(self._forward_loss(op, outputs_with_grads)[0])
                 steps.append(step)
             inputs[input_to_check] = x
-            grad_estimate.flat[i] = (losses[0] - losses[1]) / (steps[0] - steps[1])
+            grad_estimate.flat[i] = _central_difference(losses[0], losses[1], steps[0], steps[1])
         grad_estimate = grad_estimate.astype(x.dtype if x.dtype.kind == "f" else np.float64)
 
         fail = ~np.isclose(grad, grad_estimate, atol=self._threshold, rtol=self._threshold)
@@ -382,7 +392,9 @@ class NetGradientChecker:
             for i in range(original.size):
                 plus, step_plus = _perturbed(original, i, step_size)
                 minus, step_minus = _perturbed(original, i, -step_size)
-                estimate.flat[i] = (loss_at(plus) - loss_at(minus)) / (step_plus - step_minus)
+                estimate.flat[i] = _central_difference(
+                    loss_at(plus), loss_at(minus), step_plus, step_minus
+                )
         finally:
             workspace.FeedBlob(input_to_check, original)
         err_msg = "Error in gradient check for net_copy %s" % net.Name()

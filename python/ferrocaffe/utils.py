@@ -17,6 +17,8 @@ __all__ = [
     "OPTIMIZER_ITERATION_LR_NAME",
     "ITERATION_MUTEX_NAME",
     "ITERATION_MUTEX_LR_NAME",
+    "NCHW2NHWC",
+    "NHWC2NCHW",
 ]
 
 # Blob names of the shared iteration counter that optimizers create.
@@ -143,3 +145,18 @@ def BuildUniqueMutexIter(init_net, net, iter=None, iter_mutex=None, iter_val=0):
         iter_mutex = init_net.CreateMutex([], [iter_mutex])
         net.AtomicIter([iter_mutex, iteration], [iteration])
     return iteration
+
+
+def NHWC2NCHW(tensor):
+    """The channels-last array ``tensor`` (N, spatial..., C) as channels-first
+    (N, C, spatial...): a transposed view."""
+    assert tensor.ndim >= 1
+    last = tensor.ndim - 1
+    return tensor.transpose((0, last, *range(1, last)))
+
+
+def NCHW2NHWC(tensor):
+    """The channels-first array ``tensor`` (N, C, spatial...) as channels-last
+    (N, spatial..., C): a transposed view."""
+    assert tensor.ndim >= 2
+    return tensor.transpose((0, *range(2, tensor.ndim), 1))

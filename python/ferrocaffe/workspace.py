@@ -28,6 +28,7 @@ __all__ = [
     "FeedBlob",
     "FetchBlob",
     "FetchBlobs",
+    "GetCuDNNVersion",
     "GlobalInit",
     "IsImmediate",
     "HasBlob",
@@ -93,6 +94,15 @@ def NumCudaDevices():
 
 
 NumGpuDevices = NumCudaDevices
+
+
+def GetCuDNNVersion():
+    """The cuDNN version the CUDA backend found (as Caffe2's integer, e.g. 8005); 0 where
+    there is none, as on a CPU-only Caffe2."""
+    if not has_cuda_support:
+        return 0
+    return _native.cuda_cudnn_version() or 0
+
 
 # The device type of "the GPU" in Caffe2's device-generic code (CUDA; HIP builds are not made).
 GpuDeviceType = caffe2_pb2.CUDA
