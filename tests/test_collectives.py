@@ -6,45 +6,27 @@ next to the Python executable) and are skipped only when it is not found.
 """
 
 import os
-import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from mpi_util import GUARD_S, MPIEXEC, mpi_env
 
-import ferrocaffe
 from ferrocaffe import core, workspace
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_scripts")
-PYTHONPATH = os.path.dirname(os.path.dirname(os.path.abspath(ferrocaffe.__file__)))
-# A hang guard for the subprocesses, far above what the scripts need.
-GUARD_S = 300
 
 
-def _mpiexec():
-    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.path.exists(local):
-        return local
-    return shutil.which("mpiexec")
-
-
-MPIEXEC = _mpiexec()
 needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install mpich)")
 
 
-def _env(**extra):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = PYTHONPATH + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("FERROCAFFE_MPI_LIBRARY", None)
-    env.update(extra)
-    return env
 
 
 def _mpirun(n, script, *flags, env=None):
     cmd = [MPIEXEC, *flags, "-n", str(n), sys.executable, os.path.join(SCRIPTS, script)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=GUARD_S,
-                          env=env or _env())
+                          env=env or mpi_env())
 
 
 @needs_mpiexec
@@ -64,7 +46,7 @@ def test_every_op_through_the_standard_abi_library():
     lib = os.path.join(os.path.dirname(os.path.dirname(MPIEXEC)), "lib", "libmpi_abi.so.1")
     if not os.path.exists(lib):
         pytest.skip(f"this mpiexec's MPI has no standard-ABI library ({lib})")
-    p = _mpirun(2, "collectives.py", env=_env(FERROCAFFE_MPI_LIBRARY=lib))
+    p = _mpirun(2, "collectives.py", env=mpi_env(FERROCAFFE_MPI_LIBRARY=lib))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "RANK 0 OK" in p.stdout and "RANK 1 OK" in p.stdout, p.stdout + p.stderr
 
@@ -104,7 +86,7 @@ print("RELU", workspace.FetchBlob("y").tolist())
 
 
 def test_without_mpi_the_ops_say_how_to_provide_it():
-    env = _env(FERROCAFFE_MPI_LIBRARY="/nonexistent")
+    env = mpi_env(FERROCAFFE_MPI_LIBRARY="/nonexistent")
     p = subprocess.run([sys.executable, "-c", NO_MPI], capture_output=True, text=True,
                        timeout=GUARD_S, env=env)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -10,44 +10,22 @@ process.
 """
 
 import os
-import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-
-import ferrocaffe
+from mpi_util import GUARD_S, MPIEXEC, mpi_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "data_parallel_mpi.py")
 SCRIPTS = os.path.join(ROOT, "tests", "mpi_scripts")
-PYTHONPATH = os.path.dirname(os.path.dirname(os.path.abspath(ferrocaffe.__file__)))
 PARAMS = ("fc1_w", "fc1_b", "fc2_w", "fc2_b")
 ITERATIONS = 12
-# A hang guard for the subprocesses, far above what they need (a few seconds).
-GUARD_S = 300
 
 
-def _mpiexec():
-    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.path.exists(local):
-        return local
-    return shutil.which("mpiexec")
 
 
-MPIEXEC = _mpiexec()
-
-
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = PYTHONPATH + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("FERROCAFFE_MPI_LIBRARY", None)
-    # Not under an outer MPI launcher: the example must see mpiexec's rank, or none.
-    for k in list(env):
-        if k.startswith(("PMI_", "OMPI_COMM_WORLD_", "MV2_COMM_WORLD_")):
-            del env[k]
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +34,7 @@ def mpiexec():
         pytest.skip("mpiexec not found (pip install mpich, or the package's [test] extra)")
     try:
         p = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-c", "pass"],
-                           capture_output=True, text=True, timeout=120, env=_env())
+                           capture_output=True, text=True, timeout=120, env=mpi_env())
     except (OSError, subprocess.TimeoutExpired) as e:
         pytest.skip(f"{MPIEXEC} cannot start processes here: {e}")
     if p.returncode != 0:
@@ -65,7 +43,7 @@ def mpiexec():
 
 
 def _run(cmd):
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=GUARD_S, env=_env())
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=GUARD_S, env=mpi_env())
     return p, p.stdout + p.stderr
 
 
