@@ -725,3 +725,11 @@ def test_gpu_combined_spatial_bn_reduces_statistics_on_the_cpu():
     bn = next(op for op in ops if op.type == "SpatialBN")
     assert list(bn.input[-2:]) == ["gpu_0/data_sums_combined", "gpu_0/data_sumsq_combined"]
     assert types.count("SpatialBNGradient") == 2
+
+
+def test_convert_net_for_device_refuses_a_recurrent_network_as_caffe2():
+    net = core.Net("rnn_net")
+    net.RecurrentNetwork(["x"], ["y"])
+    device = core.DeviceOption(caffe2_pb2.CPU, 1)
+    with pytest.raises(NotImplementedError, match="RecurrentNetwork conversion not yet supported"):
+        data_parallel_model.ConvertNetForDevice(net, device)

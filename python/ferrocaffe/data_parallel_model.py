@@ -650,6 +650,9 @@ def ConvertNetForDevice(net, device=None):
     proto = converted.Proto()
     for op in proto.op:
         if "RecurrentNetwork" in op.type:
+            # Deliberate, as in Caffe2: a RecurrentNetwork's step nets live in its arguments
+            # and are not renamed here, so converting it would leave them on the old device.
+            # Caffe2 raised this type and message, which callers may catch.
             raise NotImplementedError("RecurrentNetwork conversion not yet supported")
         for field in (op.input, op.output, op.control_input):
             _prefix_all(field, namescope)

@@ -270,7 +270,9 @@ fn drop_outputs(ctx: &mut OpContext<'_>) {
 /// Runs `body`; after a failure that broke the world, empties the outputs.
 fn guarded(
     c: Common,
-    body: fn(&mut OpContext<'_>, &Common, &Arc<World>, &'static mpi::Mpi) -> Result<()>,
+    body: impl Fn(&mut OpContext<'_>, &Common, &Arc<World>, &'static mpi::Mpi) -> Result<()>
+        + Send
+        + 'static,
 ) -> Box<dyn Operator> {
     Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let world = world_of(ctx, &c)?;
@@ -946,29 +948,17 @@ fn create_broadcast(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     check_pairs(init, true)?;
     let c = Common::new(init)?;
     let root = root_arg(init)?;
-    Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
-        let world = world_of(ctx, &c)?;
-        let mpi = mpi::get()?;
-        let r = broadcast_run(ctx, &c, &world, mpi, root);
-        if r.is_err() && !matches!(world.state(), WorldState::Usable) {
-            drop_outputs(ctx);
-        }
-        r
-    })))
+    Ok(guarded(c, move |ctx, c, world, mpi| {
+        broadcast_run(ctx, c, world, mpi, root)
+    }))
 }
 
 fn create_reduce(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let c = Common::new(init)?;
     let root = root_arg(init)?;
-    Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
-        let world = world_of(ctx, &c)?;
-        let mpi = mpi::get()?;
-        let r = reduce_run(ctx, &c, &world, mpi, root);
-        if r.is_err() && !matches!(world.state(), WorldState::Usable) {
-            drop_outputs(ctx);
-        }
-        r
-    })))
+    Ok(guarded(c, move |ctx, c, world, mpi| {
+        reduce_run(ctx, c, world, mpi, root)
+    }))
 }
 
 fn create_send(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
@@ -984,15 +974,9 @@ fn create_send(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
 fn create_receive(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let c = Common::new(init)?;
     let p = p2p_args(init, "src")?;
-    Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
-        let world = world_of(ctx, &c)?;
-        let mpi = mpi::get()?;
-        let r = receive_run(ctx, &c, &world, mpi, p);
-        if r.is_err() && !matches!(world.state(), WorldState::Usable) {
-            drop_outputs(ctx);
-        }
-        r
-    })))
+    Ok(guarded(c, move |ctx, c, world, mpi| {
+        receive_run(ctx, c, world, mpi, p)
+    }))
 }
 
 fn no_engine(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
