@@ -81,9 +81,9 @@ def test_struct_indexing_by_name_nested_name_position_and_subsets():
     assert [f.field_names() for f in s][:1] == [[""]]
     assert s.get("a", None) is s.a and s.get("zz", 7) == 7
     with pytest.raises(AttributeError):
-        s.zz
+        _ = s.zz
     with pytest.raises(AttributeError, match="Field not found in list"):
-        s.b.nope
+        _ = s.b.nope
 
 
 def test_list_and_evicted_list_columns():
