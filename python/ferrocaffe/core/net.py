@@ -122,10 +122,72 @@ class Net:
 
     # ----------------------------------------------------------------- records & attributes
     def input_record(self):
+        """The schema record of the net's inputs (``set_input_record``), or None."""
         return self._input_record
 
     def output_record(self):
+        """The schema record of the net's outputs (``set_output_record``), or None."""
         return self._output_record
+
+    def set_input_record(self, input_record):
+        """Declare a schema record as the net's inputs: its blobs become external inputs. A
+        record without blobs gets new ones, named after its columns under the net's name scope.
+        Once set, it can only be set again to a record of the same blobs. Returns the record."""
+        from ferrocaffe import schema
+        from ferrocaffe.scope import NameScope
+
+        assert self._input_record is None or (
+            input_record.has_blobs()
+            and set(input_record.field_blobs()) == set(self._input_record.field_blobs())
+        ), "Input schema cannot be reset"
+        if input_record.has_blobs():
+            self._input_record = input_record
+        else:
+            with NameScope(self.Name()):
+                self._input_record = schema.NewRecord(self, input_record)
+        for blob in self._input_record.field_blobs():
+            if not self.is_external_input(blob):
+                self.AddExternalInput(blob)
+        return self._input_record
+
+    def recover_input_record_by_prefix(self, prefix):
+        """Set the input record from the external inputs named ``prefix<column>``, if any."""
+        record = _recover_record_by_prefix(self._net.external_input, prefix)
+        if record:
+            self.set_input_record(record)
+
+    def set_output_record(self, record):
+        """Declare a schema record as the net's outputs: every blob must be defined by the net;
+        those not yet external outputs become so. Once set, it can only be set again to a
+        record of the same blobs."""
+        assert self._output_record is None or (
+            record.has_blobs()
+            and set(record.field_blobs()) == set(self._output_record.field_blobs())
+        ), "Output schema cannot be reset"
+        for blob in record.field_blobs():
+            assert self.BlobIsDefined(blob), f"{blob} is not defined in net {self.Proto()}"
+        for blob in record.field_blobs():
+            if blob not in self.external_outputs:
+                self.AddExternalOutput(blob)
+        self._output_record = record
+
+    def recover_output_record_by_prefix(self, prefix):
+        """Set the output record from the external outputs named ``prefix<column>``, if any."""
+        record = _recover_record_by_prefix(self._net.external_output, prefix)
+        if record:
+            self.set_output_record(record)
+
+    def AppendOutputRecordField(self, field_name, record):
+        """Add ``record`` (blobs the net defines) to the output record as field
+        ``field_name``; its blobs become external outputs."""
+        from ferrocaffe import schema
+
+        assert self._output_record is not None, "Tried to append to missing output record"
+        for blob in record.field_blobs():
+            assert self.BlobIsDefined(blob), f"{blob} is not defined"
+        for blob in record.field_blobs():
+            self.AddExternalOutput(blob)
+        self._output_record = self._output_record + schema.Struct((field_name, record))
 
     def add_attribute(self, name, obj):
         """Attach ``obj`` to this net under ``name`` (several objects per name)."""
@@ -138,6 +200,16 @@ class Net:
     # ----------------------------------------------------------------------- lookups
     def _InvalidateLookupTables(self):
         self._recreate_lookup_tables = True
+
+    def _CheckLookupTables(self):
+        """Assert that the lookup tables know every op output and external input of the
+        NetDef (for tests: a table missing a name would make BlobIsDefined wrong)."""
+        missing_outputs = {o for op in self._net.op for o in op.output} - self._op_outputs
+        missing_inputs = set(self._net.external_input) - self._external_input_map
+        assert not missing_outputs, f"op outputs missing from the lookup table: {missing_outputs}"
+        assert not missing_inputs, (
+            f"external inputs missing from the lookup table: {missing_inputs}"
+        )
 
     def _RecreateLookupTables(self):
         self._op_outputs = {o for op in self._net.op for o in op.output}
@@ -277,6 +349,19 @@ class Net:
         return self.AddExternalOutput(*[ScopedBlobReference(b) for b in outputs])
 
     # ---------------------------------------------------------------------- proto access
+    def PopulateProtoWithFileName(self):
+        """Name each op of the NetDef after the place that added it (``file:line:function``
+        of the innermost caller outside ``core``), for ops whose creation stack was recorded."""
+        from ferrocaffe import workspace
+
+        tracebacks = getattr(workspace, "operator_tracebacks", {}).get(self.Name())
+        if not tracebacks:
+            return
+        for index, op in enumerate(self.Proto().op):
+            stack = tracebacks.get(index)
+            if stack:
+                op.name = ":".join(str(part) for part in stack[0])
+
     def Proto(self):
         """The live NetDef. The lookup tables are rebuilt on next use, since the caller may
         edit it."""
@@ -560,6 +645,19 @@ class Net:
     def _op_outputs(self, names):
         self._op_outputs_set = names
         self.__dict__.pop("_pending_op_outputs", None)
+
+
+def _recover_record_by_prefix(names, prefix=""):
+    """The schema record whose columns are the ``names`` starting with ``prefix`` (the rest of
+    each name is the column), holding references to those blobs; None if there are none."""
+    from ferrocaffe import schema
+
+    columns = [name[len(prefix) :] for name in names if name.startswith(prefix)]
+    if not columns:
+        return None
+    return schema.from_column_list(
+        columns, col_blobs=[BlobReference(prefix + column) for column in columns]
+    )
 
 
 def _run_all_on_gpu(net, gpu_id, use_cudnn):

@@ -107,10 +107,24 @@ pub fn op_error(def: &OperatorDef, msg: impl std::fmt::Display) -> Error {
 }
 
 /// An error a kernel returned, with the op that raised it appended; an enforced kind (shape,
-/// dtype, out of memory, ...) stays that kind ([`Error::map_message`]).
+/// dtype, out of memory, ...) stays that kind ([`Error::map_message`]). An enforced kind also
+/// starts with Caffe2's `[enforce fail at ...]` marker (naming the op type where Caffe2 named
+/// its C++ source line), once: an error passed up through nested nets is marked by the
+/// innermost op only.
 pub fn op_failed(def: &OperatorDef, e: Error) -> Error {
-    e.map_message(|m| op_message(def, m))
+    let enforced = e.kind().is_enforce_not_met();
+    e.map_message(|m| {
+        if enforced && !m.starts_with(ENFORCE_MARK) {
+            op_message(def, format!("{ENFORCE_MARK}{} operator] {m}", def.r#type()))
+        } else {
+            op_message(def, m)
+        }
+    })
 }
+
+/// How Caffe2's `EnforceNotMet` messages began (`[enforce fail at file:line] ...`); code and
+/// tests written for Caffe2 look for it.
+const ENFORCE_MARK: &str = "[enforce fail at ";
 
 fn op_message(def: &OperatorDef, msg: impl std::fmt::Display) -> String {
     format!(
@@ -374,5 +388,47 @@ impl Outputs<'_, '_> {
             .iter_mut()
             .filter_map(|o| o.as_deref_mut().map(Blob::tensor_mut))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    fn def(op_type: &str) -> OperatorDef {
+        OperatorDef {
+            r#type: Some(op_type.to_string()),
+            input: vec!["x".into()],
+            output: vec!["y".into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn enforced_failures_carry_caffe2s_marker_once() {
+        let e = op_failed(&def("Split"), Error::ShapeMismatch("not divisible".into()));
+        assert_eq!(e.kind(), ErrorKind::ShapeMismatch);
+        let text = e.to_string();
+        assert!(
+            text.starts_with(
+                "[enforce fail at Split operator] not divisible (Error from operator: type Split"
+            ),
+            "{text}"
+        );
+        // Passed up by an op running a nested net: marked once, by the innermost op.
+        let outer = op_failed(&def("If"), e).to_string();
+        assert_eq!(outer.matches("[enforce fail at").count(), 1, "{outer}");
+        assert!(outer.contains("type If"), "{outer}");
+    }
+
+    #[test]
+    fn other_failures_are_not_marked_as_enforced() {
+        let e = op_failed(&def("Relu"), Error::Type("wrong kind".into()));
+        assert_eq!(e.kind(), ErrorKind::Runtime);
+        assert!(!e.to_string().contains("enforce fail"), "{e}");
+        let e = op_failed(&def("Relu"), Error::OutOfMemory("too big".into()));
+        assert_eq!(e.kind(), ErrorKind::OutOfMemory);
+        assert!(!e.to_string().contains("enforce fail"), "{e}");
     }
 }
