@@ -149,6 +149,8 @@ def test_equality_compares_names_types_and_metadata_not_blobs():
     assert schema.Struct(("x", np.int32), ("y", str)) == schema.Struct(
         ("x", schema.Scalar(np.int32)), ("y", schema.Scalar(str))
     )
+    # numpy dtype objects are types too (numpy 2 gives each its own class).
+    assert schema.Struct(("x", np.dtype(np.int16))) == schema.Struct(("x", np.int16))
     assert schema.Scalar(np.int32, blob=core.BlobReference("q")) == schema.Scalar(np.int32)
     assert schema.Scalar(np.int32) != schema.Scalar(np.int64)
     limited = schema.Scalar(np.int32, metadata=schema.Metadata(categorical_limit=3))

@@ -72,7 +72,7 @@ def _normalize_field(field_or_type_or_blob, keep_blobs=True):
     Scalar of that dtype) or anything else (a Scalar holding it as its blob)."""
     if isinstance(field_or_type_or_blob, Field):
         return field_or_type_or_blob.clone(keep_blobs=keep_blobs)
-    if type(field_or_type_or_blob) in (type, np.dtype):
+    if isinstance(field_or_type_or_blob, type | np.dtype):
         return Scalar(dtype=field_or_type_or_blob)
     return Scalar(blob=field_or_type_or_blob)
 
