@@ -483,15 +483,18 @@ impl Operator for RecurrentNetworkGradient {
                     ctx.input_name(input)
                 )
             })?;
-            let rows = size.checked_mul(batch).filter(|&r| r <= g.len()).ok_or_else(|| {
-                err!(
-                    op = ctx,
-                    ShapeMismatch: "state gradient {} is smaller than the initial state {} \
-                     repeated over a batch of {batch}",
-                    rg.grad,
-                    ctx.input_name(input)
-                )
-            })?;
+            let rows = size
+                .checked_mul(batch)
+                .filter(|&r| r <= g.len())
+                .ok_or_else(|| {
+                    err!(
+                        op = ctx,
+                        ShapeMismatch: "state gradient {} is smaller than the initial state {} \
+                         repeated over a batch of {batch}",
+                        rg.grad,
+                        ctx.input_name(input)
+                    )
+                })?;
             let o = out.as_mut_slice::<f32>()?;
             o.copy_from_slice(&g[..size]);
             for row in g[size..rows].chunks_exact(size.max(1)) {
