@@ -168,7 +168,9 @@ def test_attention_cell_unrolled_equals_recurrent_network():
         model = ModelHelper(name="external")
         h, c, ctx = model.net.AddExternalInputs("h0", "c0", "ctx0")
         with scope.NameScope("ns"):
-            x, enc, wenc = model.net.AddScopedExternalInputs("x", "enc", "wenc")
+            x, lengths, enc, wenc = model.net.AddScopedExternalInputs(
+                "x", "lengths", "enc", "wenc"
+            )
             decoder = rnn_cell.MultiRNNCell(
                 [
                     rnn_cell.MILSTMCell(
@@ -195,7 +197,7 @@ def test_attention_cell_unrolled_equals_recurrent_network():
             if T is not None:
                 cell = rnn_cell.UnrolledCell(cell, T)
             out, _ = cell.apply_over_sequence(
-                model=model, inputs=x, seq_lengths=None, initial_states=[h, c, ctx],
+                model=model, inputs=x, seq_lengths=lengths, initial_states=[h, c, ctx],
                 outputs_with_grads=[0, 4],
             )  # fmt: skip
         return model, out
@@ -215,6 +217,7 @@ def test_attention_cell_unrolled_equals_recurrent_network():
     }
     for k, v in feeds.items():
         workspace.FeedBlob(k, v.astype(np.float32))
+    workspace.FeedBlob("ns/lengths", np.array([2, 1], dtype=np.int32))
     gradient_checker.NetGradientChecker.CompareNets(
         [m1.net, m2.net], [[o1], [o2]], [0], inputs_with_grads=["h0", "ns/x", "ns/wenc"],
         threshold=1e-5,
