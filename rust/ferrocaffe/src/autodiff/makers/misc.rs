@@ -100,6 +100,19 @@ fn zero_gradient(ctx: &mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> {
     )])
 }
 
+/// `SequenceMask`: the same mask applied to the output gradient with zeros (`grad`), the
+/// forward arguments copied.
+fn sequence_mask(ctx: &mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> {
+    ctx.copy_arguments = false;
+    let mut args = ctx.def.arg.clone();
+    args.push(crate::proto::Argument::int("grad", 1));
+    let mut ins = vec![grad_out(ctx, 0)?];
+    if ctx.def.input.len() > 1 {
+        ins.push(input(ctx, 1)?);
+    }
+    Ok(vec![gop("SequenceMask", ins, vec![grad_in(ctx, 0)?], args)])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,17 +161,4 @@ mod tests {
         assert!(matches!(r.get("Accuracy"), Some(GradientKind::ShouldNotDo)));
         assert!(r.get("ReluGradient").is_none());
     }
-}
-
-/// `SequenceMask`: the same mask applied to the output gradient with zeros (`grad`), the
-/// forward arguments copied.
-fn sequence_mask(ctx: &mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> {
-    ctx.copy_arguments = false;
-    let mut args = ctx.def.arg.clone();
-    args.push(crate::proto::Argument::int("grad", 1));
-    let mut ins = vec![grad_out(ctx, 0)?];
-    if ctx.def.input.len() > 1 {
-        ins.push(input(ctx, 1)?);
-    }
-    Ok(vec![gop("SequenceMask", ins, vec![grad_in(ctx, 0)?], args)])
 }

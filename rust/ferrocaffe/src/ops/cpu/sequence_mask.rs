@@ -132,7 +132,7 @@ fn run(cfg: &Config, ctx: &mut OpContext<'_>) -> Result<()> {
         }
         _ => 1,
     };
-    let cols = if repeat == 0 { 0 } else { cols_all / repeat };
+    let cols = cols_all.checked_div(repeat).unwrap_or(0);
     let keys: Vec<i32> = if cfg.mode.needs_input() {
         ensure!(
             ins.len() > 1,
