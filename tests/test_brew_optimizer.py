@@ -588,15 +588,23 @@ def test_create_param_reuses_scopes_and_sharing():
         model.create_param("w", [3], init)
     with scope.NameScope("a"):
         aw = model.create_param("w", [2], init)
-    with scope.NameScope("b"), ParameterSharing({"b": "a"}):
+    with ParameterSharing({"b": "a"}), scope.NameScope("b"):
         assert model.create_param("w", [2], init) is aw
+    # The scopes are relative to the name scope the sharing is entered in.
+    with scope.NameScope("g"):
+        gw = model.create_param("w", [2], init)
+        with ParameterSharing({"t0": ""}), scope.NameScope("t0"):
+            assert model.create_param("w", [2], init) is gw
+    with pytest.raises(AssertionError, match="is prefix of"):
+        with ParameterSharing({"b": "b/c"}):
+            pass
     with scope.NameScope("s"):
         explicit = model.create_param(core.BlobReference("plain"), [1], init)
     assert str(explicit) == "plain"
     with pytest.raises(TypeError, match="Unsupported type for param_name"):
         model.create_param(3, [1], init)
-    assert [str(p) for p in model.params] == ["w", "a/w", "plain"]
-    assert [o.output[0] for o in model.param_init_net.Proto().op] == ["w", "a/w", "plain"]
+    assert [str(p) for p in model.params] == ["w", "a/w", "g/w", "plain"]
+    assert [o.output[0] for o in model.param_init_net.Proto().op] == ["w", "a/w", "g/w", "plain"]
     info = model.get_param_info(w)
     assert isinstance(info, ParameterInfo) and info.shape == [2] and info.size == 2
     with pytest.raises(AssertionError, match="is not a BlobReference"):

@@ -641,3 +641,12 @@ def test_engine_preferences_are_checked_and_fall_back_to_the_default():
         core.SetGlobalEnginePref({caffe2_pb2.CPU: "NNPACK"})
     engine._per_op_pref.clear()
     engine._global_pref.clear()
+
+
+def test_profiles_suppress_the_checks_caffe2s_hypothesis_did_not_have():
+    # Caffe2's tests share @given methods between test cases (rnn_cell_test's lstm_base).
+    for name in ("sandcastle", "dev", "debug"):
+        s = hypothesis.settings.get_profile(name)
+        assert hypothesis.HealthCheck.too_slow in s.suppress_health_check
+        if hasattr(hypothesis.HealthCheck, "differing_executors"):
+            assert hypothesis.HealthCheck.differing_executors in s.suppress_health_check

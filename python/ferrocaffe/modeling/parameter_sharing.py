@@ -64,9 +64,19 @@ parameter_sharing_context = ParameterSharingContext()
 
 @contextlib.contextmanager
 def ParameterSharing(shared_scopes):
-    """Map name scopes to the scopes whose parameters they use (``{'b': 'a'}``)."""
-    assert len(shared_scopes) > 0
-    overrides = {_with_separator(k): _with_separator(v) for k, v in shared_scopes.items()}
+    """Map name scopes to the scopes whose parameters they use (``{'b': 'a'}``). Both sides
+    are relative to the name scope current when the context is entered: within scope ``g``,
+    ``{'b': 'a'}`` makes ``g/b/w`` resolve to ``g/a/w``."""
+    if not isinstance(shared_scopes, dict):
+        raise AssertionError(f"ParameterSharing takes a dict of scopes, not {shared_scopes!r}")
+    current = scope.CurrentNameScope()
+    overrides = {}
+    for shared, owner in shared_scopes.items():
+        if owner.startswith(shared):
+            raise AssertionError(
+                f"Illegal override for parameter sharing. {shared} is prefix of {owner}"
+            )
+        overrides[_with_separator(current + shared)] = _with_separator(current + owner)
     parameter_sharing_context.add_scope_overrides(overrides)
     try:
         yield

@@ -2,10 +2,16 @@
 ``RecurrentNetwork`` op (see ``ferrocaffe.recurrent``).
 
 The cells write to a ``model_helper.ModelHelper`` through ``brew`` and build nets equal to the
-ones Caffe2 built. The attention cells of Caffe2 (``AttentionCell``, ``LSTMWithAttention``...)
-and ``cudnn_LSTM`` are not provided.
+ones Caffe2 built. Caffe2's ``cudnn_LSTM`` (the cuDNN ``Recurrent`` op) is not provided.
 """
 
+from ferrocaffe.attention import AttentionType
+from ferrocaffe.rnn_cell.attention import (
+    AttentionCell,
+    LSTMWithAttention,
+    LSTMWithAttentionCell,
+    MILSTMWithAttentionCell,
+)
 from ferrocaffe.rnn_cell.base import RNNCell, _RectifyName, _RectifyNames
 from ferrocaffe.rnn_cell.basic import BasicRNNCell
 from ferrocaffe.rnn_cell.builders import (
@@ -58,4 +64,9 @@ __all__ = [
     "InitFromLSTMParams",
     "_layered_LSTM",
     "layered_LSTM",
+    "AttentionType",
+    "AttentionCell",
+    "LSTMWithAttentionCell",
+    "MILSTMWithAttentionCell",
+    "LSTMWithAttention",
 ]

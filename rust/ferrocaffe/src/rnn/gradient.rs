@@ -468,7 +468,40 @@ impl Operator for RecurrentNetworkGradient {
             let mut b = h.write();
             let out = b.tensor_mut();
             out.reset(init.dtype(), init.dims());
-            out.bytes_mut().copy_from_slice(&grad.bytes()[..n]);
+            if init.dims().len() >= 2 {
+                out.bytes_mut().copy_from_slice(&grad.bytes()[..n]);
+                continue;
+            }
+            // A 1-D initial state was repeated over the batch by the forward op: its gradient
+            // is the first row of the state gradient summed over the batch.
+            let size = init.numel();
+            let batch = seq_input.1.get(1).copied().unwrap_or(1).max(1);
+            let g = grad.as_slice::<f32>().map_err(|_| {
+                err!(
+                    op = ctx,
+                    DtypeMismatch: "the gradient of the 1-D initial state {} must be float",
+                    ctx.input_name(input)
+                )
+            })?;
+            let rows = size
+                .checked_mul(batch)
+                .filter(|&r| r <= g.len())
+                .ok_or_else(|| {
+                    err!(
+                        op = ctx,
+                        ShapeMismatch: "state gradient {} is smaller than the initial state {} \
+                         repeated over a batch of {batch}",
+                        rg.grad,
+                        ctx.input_name(input)
+                    )
+                })?;
+            let o = out.as_mut_slice::<f32>()?;
+            o.copy_from_slice(&g[..size]);
+            for row in g[size..rows].chunks_exact(size.max(1)) {
+                for (d, s) in o.iter_mut().zip(row) {
+                    *d += *s;
+                }
+            }
         }
         Ok(())
     }

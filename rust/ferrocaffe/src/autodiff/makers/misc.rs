@@ -69,6 +69,7 @@ pub const SHOULD_NOT_DO_GRADIENT: &[&str] = &[
 
 /// Registers the pass-through makers and the gradient-less op types.
 pub fn register(r: &mut Registry) {
+    r.register_maker("SequenceMask", sequence_mask);
     for t in NO_GRADIENT {
         r.register(t, GradientKind::NoGradient);
     }
@@ -97,6 +98,19 @@ fn zero_gradient(ctx: &mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> {
         vec![gi],
         vec![arg_f("value", 0.0)],
     )])
+}
+
+/// `SequenceMask`: the same mask applied to the output gradient with zeros (`grad`), the
+/// forward arguments copied.
+fn sequence_mask(ctx: &mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> {
+    ctx.copy_arguments = false;
+    let mut args = ctx.def.arg.clone();
+    args.push(crate::proto::Argument::int("grad", 1));
+    let mut ins = vec![grad_out(ctx, 0)?];
+    if ctx.def.input.len() > 1 {
+        ins.push(input(ctx, 1)?);
+    }
+    Ok(vec![gop("SequenceMask", ins, vec![grad_in(ctx, 0)?], args)])
 }
 
 #[cfg(test)]

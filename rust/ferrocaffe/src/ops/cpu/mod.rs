@@ -111,6 +111,7 @@ pub mod resize;
 pub mod rng;
 pub mod rnn_units;
 pub mod rowwise_optim;
+pub mod sequence_mask;
 pub mod shape;
 pub mod sigmoid_xent;
 pub mod sparse;
@@ -156,4 +157,5 @@ pub fn register_all(r: &mut Registry) {
     pad_image::register(r);
     rowwise_optim::register(r);
     unary_grad::register(r);
+    sequence_mask::register(r);
 }
