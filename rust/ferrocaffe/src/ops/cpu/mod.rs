@@ -116,6 +116,7 @@ pub mod sigmoid_xent;
 pub mod sparse;
 pub mod sparse_optim;
 pub mod unary_grad;
+pub mod two_class;
 
 use super::registry::Registry;
 
@@ -156,4 +157,5 @@ pub fn register_all(r: &mut Registry) {
     pad_image::register(r);
     rowwise_optim::register(r);
     unary_grad::register(r);
+    two_class::register(r);
 }
