@@ -149,7 +149,7 @@ def _run(op_type, inputs, args):
     op = core.CreateOperator(op_type, input_names, output_names, **args)
     device = args.get("device_option") or core.DeviceOption(caffe2_pb2.CPU)
     ws = _native.Workspace()
-    for name, value in zip(input_names, inputs):
+    for name, value in zip(input_names, inputs, strict=True):
         workspace._feed(ws, name, value)
         if device.device_type == caffe2_pb2.CUDA:
             ws.to_device(name, int(device.device_id))

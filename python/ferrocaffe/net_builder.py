@@ -153,9 +153,7 @@ class NetBuilder(context.Managed):
         merged = None
         for item in nets_or_builders:
             if isinstance(item, NetBuilder):
-                assert item._use_control_ops, (
-                    "Merging of NetBuilder supported only for control ops"
-                )
+                assert item._use_control_ops, "Merging of NetBuilder supported only for control ops"
                 nets = item.get()
                 assert len(nets) == 1 and isinstance(nets[0], core.Net), (
                     "Invalid control op net builder"
@@ -464,9 +462,9 @@ class _RunElseNet(NetBuilder):
     def __init__(self, name=None):
         NetBuilder.__init__(self, name=name, _use_control_ops=True)
         parent = NetBuilder.current(required=False)
-        assert (
-            parent and parent._children and isinstance(parent._children[-1], _RunIfNet)
-        ), "Invalid use of Else builder"
+        assert parent and parent._children and isinstance(parent._children[-1], _RunIfNet), (
+            "Invalid use of Else builder"
+        )
         self._if_builder = parent._children[-1]
 
     def __exit__(self, etype, *args):
@@ -520,13 +518,9 @@ class _RunWhileCondition(NetBuilder):
     def __init__(self, name=None):
         NetBuilder.__init__(self, name=name, _use_control_ops=True)
         parent = NetBuilder.current(required=False)
-        assert parent and isinstance(parent, _RunWhileNet), (
-            "Invalid use of loop condition builder"
-        )
+        assert parent and isinstance(parent, _RunWhileNet), "Invalid use of loop condition builder"
         assert not parent._cond_builder, "Multiple loop condition builders specified"
-        assert not parent._children, (
-            "Condition definition must be specified before the loop's body"
-        )
+        assert not parent._children, "Condition definition must be specified before the loop's body"
         parent._cond_builder = self
         self._cond_blob = None
         self._cond_net = None

@@ -497,26 +497,20 @@ class Task(context.Managed):
             report._report_step_used = True
             if not report.Proto().run_every_ms:
                 report.RunEveryMillis(1000)
-        task_inits, task_exits = get_setup_nets(
-            Task.TASK_SETUP, [self._step] + reports, self
-        )
+        task_inits, task_exits = get_setup_nets(Task.TASK_SETUP, [self._step] + reports, self)
         instance_inits, instance_exits = get_setup_nets(
             Task.TASK_INSTANCE_SETUP, [self._step] + reports, self
         )
         if not self._outputs:
             output_net = core.Net(f"{self.name}:output")
-            self.add_output(
-                output_net.ConstantFill([], 1, dtype=core.DataType.INT32, value=0)
-            )
+            self.add_output(output_net.ConstantFill([], 1, dtype=core.DataType.INT32, value=0))
             task_exits.append(output_net)
 
         if reports:
             body = core.execution_step(f"{self.name}:body", reports + [self._step])
         else:
             body = self._step
-        instance = add_setup_steps(
-            body, instance_inits, instance_exits, self.name + ":instance"
-        )
+        instance = add_setup_steps(body, instance_inits, instance_exits, self.name + ":instance")
         if self._num_instances and self._num_instances > 1:
             instance.SetCreateWorkspace(True)
             # Caffe2 named this step with the unformatted '%s:parallel'; kept.
