@@ -238,3 +238,45 @@ def test_functional_checks_counts_against_the_schema():
     schema = OpSchema.get("Concat")
     assert (schema.min_input, schema.max_input) == (1, OpSchema.inf)
     assert schema.CalculateOutput(3) == 2
+
+
+def test_workspace_guard_switches_and_restores():
+    workspace.FeedBlob("outer", np.array(1.0))
+    with workspace.WorkspaceGuard("guarded_ws"):
+        assert workspace.CurrentWorkspace() == "guarded_ws"
+        assert not workspace.HasBlob("outer")
+    assert workspace.CurrentWorkspace() == "default"
+    with pytest.raises(KeyError):
+        with workspace.WorkspaceGuard("guarded_ws"):
+            raise KeyError("inside")
+    assert workspace.CurrentWorkspace() == "default"
+
+
+def test_counter_ops_have_schemas():
+    net = core.Net("counters")
+    counter = net.CreateCounter([], init_count=2)
+    down = net.CountDown([counter])
+    count = net.RetrieveCount([counter])
+    net.ResetCounter([counter], init_count=7)
+    after_reset = net.RetrieveCount([counter])
+    workspace.RunNetOnce(net)
+    assert not workspace.FetchBlob(str(down))
+    assert workspace.FetchBlob(str(count)) == 1
+    assert workspace.FetchBlob(str(after_reset)) == 7
+    bad = core.CreateOperator("CountUp", ["a", "b"], ["c"])
+    with pytest.raises(RuntimeError):
+        workspace.RunOperatorOnce(bad)
+
+
+def test_make_two_class_and_its_gradient():
+    x = np.array([0.0, 0.3, 1.0], dtype=np.float32)
+    y = Functional.MakeTwoClass(x)[0]
+    np.testing.assert_allclose(y, np.stack([1 - x, x], axis=1))
+    grad_ops, _ = core.GradientRegistry.GetGradientForOp(
+        core.CreateOperator("MakeTwoClass", ["x"], ["y"]), ["y_grad"]
+    )
+    assert [(op.type, list(op.input), list(op.output)) for op in grad_ops] == [
+        ("MakeTwoClassGradient", ["y_grad"], ["x_grad"])
+    ]
+    with pytest.raises(RuntimeError, match=r"\[0, 1\]"):
+        Functional.MakeTwoClass(np.array([2.0], dtype=np.float32))

@@ -115,8 +115,8 @@ pub mod shape;
 pub mod sigmoid_xent;
 pub mod sparse;
 pub mod sparse_optim;
-pub mod unary_grad;
 pub mod two_class;
+pub mod unary_grad;
 
 use super::registry::Registry;
 

@@ -59,14 +59,23 @@ mod tests {
     #[test]
     fn two_class_forward_and_gradient() {
         let ws = Workspace::new();
-        ws.feed("x", Tensor::from_vec(&[3], vec![0.0f32, 0.25, 1.0]).unwrap());
+        ws.feed(
+            "x",
+            Tensor::from_vec(&[3], vec![0.0f32, 0.25, 1.0]).unwrap(),
+        );
         ws.run_operator_once(&OperatorDef::new("MakeTwoClass", ["x"], ["y"]))
             .unwrap();
         let y = ws.fetch("y").unwrap();
         assert_eq!(y.dims(), &[3, 2]);
-        assert_eq!(y.as_slice::<f32>().unwrap(), &[1.0, 0.0, 0.75, 0.25, 0.0, 1.0]);
+        assert_eq!(
+            y.as_slice::<f32>().unwrap(),
+            &[1.0, 0.0, 0.75, 0.25, 0.0, 1.0]
+        );
 
-        ws.feed("dy", Tensor::from_vec(&[2, 2], vec![1.0f32, 3.0, 5.0, 2.0]).unwrap());
+        ws.feed(
+            "dy",
+            Tensor::from_vec(&[2, 2], vec![1.0f32, 3.0, 5.0, 2.0]).unwrap(),
+        );
         ws.run_operator_once(&OperatorDef::new("MakeTwoClassGradient", ["dy"], ["dx"]))
             .unwrap();
         let dx = ws.fetch("dx").unwrap();
@@ -82,7 +91,10 @@ mod tests {
             .run_operator_once(&OperatorDef::new("MakeTwoClass", ["x"], ["y"]))
             .unwrap_err();
         assert_eq!(e.kind(), crate::error::ErrorKind::BadArgument);
-        ws.feed("dy", Tensor::from_vec(&[3], vec![1.0f32, 2.0, 3.0]).unwrap());
+        ws.feed(
+            "dy",
+            Tensor::from_vec(&[3], vec![1.0f32, 2.0, 3.0]).unwrap(),
+        );
         let e = ws
             .run_operator_once(&OperatorDef::new("MakeTwoClassGradient", ["dy"], ["dx"]))
             .unwrap_err();
