@@ -18,8 +18,8 @@ def registered_operators() -> list[str]:
     """Every operator type the engine knows, sorted."""
 
 def op_schema(op_type: str) -> dict[str, object] | None:
-    """The schema of an operator type (input/output count bounds, in-place pairs, argument and
-    blob names), or None for an unknown type."""
+    """The schema of an operator type (input/output count bounds and count masks, in-place
+    pairs, argument and blob names), or None for an unknown type."""
 
 def roundtrip(kind: str, data: bytes) -> bytes:
     """Decodes ``data`` as the caffe2 message ``kind`` (``"NetDef"`` or ``"caffe2.NetDef"``)

@@ -16,6 +16,7 @@ import inspect
 from ferrocaffe.helpers import algebra as _algebra
 from ferrocaffe.helpers import arg_scope as _arg_scope
 from ferrocaffe.helpers import array_helpers as _array_helpers
+from ferrocaffe.helpers import control_ops as _control_ops
 from ferrocaffe.helpers import conv as _conv
 from ferrocaffe.helpers import db_input as _db_input
 from ferrocaffe.helpers import dropout as _dropout
@@ -64,6 +65,8 @@ _registry = {
     "mat_mul": _algebra.mat_mul,
     "batch_mat_mul": _algebra.batch_mat_mul,
     "db_input": _db_input.db_input,
+    "cond": _control_ops.cond,
+    "loop": _control_ops.loop,
 }
 
 

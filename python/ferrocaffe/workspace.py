@@ -11,6 +11,7 @@ Nets, ops and plans are accepted as protobuf messages or as anything with ``.Pro
 Python threads can run different nets on one workspace.
 """
 
+import contextlib
 from collections import defaultdict
 
 import numpy as np
@@ -448,3 +449,15 @@ def IsImmediate():
 def RegisteredOperators():
     """Every operator type the engine knows (with a kernel or a schema), sorted."""
     return sorted(set(_native.kernel_types()) | set(_native.registered_operators()))
+
+
+@contextlib.contextmanager
+def WorkspaceGuard(workspace_name):
+    """Within the block, workspace ``workspace_name`` (created if missing) is the current one;
+    the previous one is current again afterwards."""
+    previous = CurrentWorkspace()
+    SwitchWorkspace(workspace_name, True)
+    try:
+        yield
+    finally:
+        SwitchWorkspace(previous)

@@ -54,6 +54,8 @@ fn schema_dict<'py>(py: Python<'py>, op_type: &str) -> PyResult<Option<Bound<'py
     d.set_item("input_names", s.input_names.to_vec())?;
     d.set_item("output_names", s.output_names.to_vec())?;
     d.set_item("private", s.private)?;
+    d.set_item("input_count_mask", s.input_count_mask)?;
+    d.set_item("output_count_mask", s.output_count_mask)?;
     Ok(Some(d))
 }
 

@@ -79,6 +79,10 @@ pub fn register(r: &mut Registry) {
     r.register_maker("Alias", alias);
     r.register_maker("Copy", single("CopyOnDeviceLike", &[GO(0), I(0)], &[GI(0)]));
     r.register_maker("ZeroGradient", zero_gradient);
+    r.register_maker(
+        "MakeTwoClass",
+        single("MakeTwoClassGradient", &[GO(0)], &[GI(0)]),
+    );
 }
 
 /// `Alias`: the input's gradient is the output's gradient itself; no op.

@@ -116,6 +116,7 @@ pub mod shape;
 pub mod sigmoid_xent;
 pub mod sparse;
 pub mod sparse_optim;
+pub mod two_class;
 pub mod unary_grad;
 
 use super::registry::Registry;
@@ -158,4 +159,5 @@ pub fn register_all(r: &mut Registry) {
     rowwise_optim::register(r);
     unary_grad::register(r);
     sequence_mask::register(r);
+    two_class::register(r);
 }
