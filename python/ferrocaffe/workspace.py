@@ -11,10 +11,13 @@ Nets, ops and plans are accepted as protobuf messages or as anything with ``.Pro
 Python threads can run different nets on one workspace.
 """
 
+import shutil
+import tempfile
 from collections import defaultdict
 
 import numpy as np
 
+from ferrocaffe import _import_c_extension as C
 from ferrocaffe import _native
 from ferrocaffe.proto import caffe2_pb2
 
@@ -28,9 +31,16 @@ __all__ = [
     "FeedBlob",
     "FetchBlob",
     "FetchBlobs",
+    "FetchTorch",
+    "GetBlobSizeBytes",
     "GetCuDNNVersion",
     "GlobalInit",
+    "ApplyTransform",
+    "ApplyTransformIfFaster",
     "IsImmediate",
+    "Predictor",
+    "StartImmediate",
+    "StopImmediate",
     "HasBlob",
     "Nets",
     "RegisteredOperators",
@@ -55,7 +65,6 @@ __all__ = [
     "blobs",
 ]
 
-C = _native
 # Caffe2's flags. Caffe2 had CPU-only and CUDA builds, and code (its own test helpers
 # included) reads `has_cuda_support` to decide whether to put ops on CUDA; the one wheel
 # carries CUDA and loads the driver at run time, so both flags say whether a GPU can be used
@@ -238,7 +247,18 @@ def FeedBlob(name, arr, device_option=None):
         from . import scope
 
         device_option = scope.CurrentDeviceScope()
-    ws = _ws()
+    return _feed_on(_ws(), name, arr, device_option)
+
+
+def _is_torch_tensor(arr):
+    return type(arr).__module__.startswith("torch") and hasattr(arr, "numpy")
+
+
+def _feed_on(ws, name, arr, device_option=None):
+    """Feeds ``arr`` into blob ``name`` of native workspace ``ws``, on the device
+    ``device_option`` names (the host for CPU-like types)."""
+    if _is_torch_tensor(arr):
+        arr = arr.detach().cpu().numpy()
     _feed(ws, name, arr)
     if device_option is not None and device_option.device_type == caffe2_pb2.CUDA:
         ws.to_device(StringifyBlobName(name), int(device_option.device_id))
@@ -252,6 +272,25 @@ def FetchBlob(name):
 
 def FetchBlobs(names):
     return [FetchBlob(n) for n in names]
+
+
+def GetBlobSizeBytes(name):
+    """The bytes blob ``name`` holds: its elements' size (plus the characters of strings)."""
+    return _ws().blob_nbytes(StringifyBlobName(name))
+
+
+def _fetch_torch(ws, name):
+    import torch
+
+    value = ws.fetch(name)
+    if not isinstance(value, np.ndarray) or value.dtype == object:
+        raise TypeError("blob %r does not hold a numeric tensor" % (name,))
+    return torch.from_numpy(value.copy())
+
+
+def FetchTorch(name):
+    """The tensor of blob ``name`` as a (CPU) torch tensor holding a copy of its values."""
+    return _fetch_torch(_ws(), StringifyBlobName(name))
 
 
 def HasBlob(name):
@@ -440,9 +479,160 @@ def RunPlanInBackground(plan_or_step):
     return _PlanRun(plan_or_step)
 
 
+# -- immediate mode: ops run in a workspace of their own as they are created -----------------
+
+_immediate_mode = False
+_immediate_workspace_name = "_CAFFE2_IMMEDIATE"
+_immediate_root_folder = ""
+
+
+class _WorkspaceGuard:
+    """Makes workspace ``name`` current (created if missing) for the duration of a block."""
+
+    def __init__(self, name):
+        self._name = name
+        self._saved = None
+
+    def __enter__(self):
+        self._saved = _current
+        SwitchWorkspace(self._name, True)
+
+    def __exit__(self, *exc):
+        SwitchWorkspace(self._saved)
+        return False
+
+
 def IsImmediate():
-    """Caffe2's immediate mode (running ops as they are created) is not provided."""
-    return False
+    """Whether immediate mode is on (``core.CreateOperator`` then also runs each op)."""
+    return _immediate_mode
+
+
+def StartImmediate(i_know=False):
+    """Turns immediate mode on: each operator created runs at once in a separate workspace
+    (``_CAFFE2_IMMEDIATE``, rooted in a new temporary folder); read it with
+    ``FetchImmediate``/``ImmediateBlobs``."""
+    global _immediate_mode, _immediate_root_folder
+    if IsImmediate():
+        StopImmediate()
+    _immediate_mode = True
+    with _WorkspaceGuard(_immediate_workspace_name):
+        _immediate_root_folder = tempfile.mkdtemp()
+        ResetWorkspace(_immediate_root_folder)
+    if not i_know:
+        print("Immediate mode is on: every operator created also runs (a debugging aid).")
+
+
+def StopImmediate():
+    """Turns immediate mode off, emptying its workspace and removing its root folder."""
+    global _immediate_mode, _immediate_root_folder
+    if not IsImmediate():
+        return
+    with _WorkspaceGuard(_immediate_workspace_name):
+        ResetWorkspace()
+    shutil.rmtree(_immediate_root_folder, ignore_errors=True)
+    _immediate_root_folder = ""
+    _immediate_mode = False
+
+
+def ImmediateBlobs():
+    with _WorkspaceGuard(_immediate_workspace_name):
+        return Blobs()
+
+
+def RunOperatorImmediate(op):
+    with _WorkspaceGuard(_immediate_workspace_name):
+        RunOperatorOnce(op)
+
+
+def FetchImmediate(*args, **kwargs):
+    with _WorkspaceGuard(_immediate_workspace_name):
+        return FetchBlob(*args, **kwargs)
+
+
+def FeedImmediate(*args, **kwargs):
+    with _WorkspaceGuard(_immediate_workspace_name):
+        return FeedBlob(*args, **kwargs)
+
+
+# -- transforms ------------------------------------------------------------------------------
+
+
+def ApplyTransform(transform_key, net):
+    """``net`` (NetDef or core.Net) rewritten by the registered transform ``transform_key``,
+    as a new NetDef; an unknown key is a RuntimeError."""
+    data = _native.apply_transform(str(transform_key), StringifyProto(_net_proto(net)))
+    return caffe2_pb2.NetDef.FromString(data)
+
+
+def _mean_run_seconds(ws, name, warmup_runs, main_runs):
+    import time
+
+    if warmup_runs > 0:
+        ws.run_net(name, int(warmup_runs))
+    start = time.perf_counter()
+    if main_runs > 0:
+        ws.run_net(name, int(main_runs))
+    return (time.perf_counter() - start) / max(int(main_runs), 1)
+
+
+def ApplyTransformIfFaster(
+    transform_key, net, init_net, warmup_runs=5, main_runs=10, improvement_threshold=1.0
+):
+    """The transformed ``net`` when it runs faster than ``net`` by ``improvement_threshold``
+    (its time times the threshold is below the original's), else ``net`` itself (a copy).
+    Both are timed in a new workspace after ``init_net`` ran there."""
+    original = caffe2_pb2.NetDef()
+    original.CopyFrom(_net_proto(net))
+    transformed = ApplyTransform(transform_key, original)
+    init = StringifyProto(_net_proto(init_net))
+    times = []
+    for candidate in (original, transformed):
+        ws = _native.Workspace()
+        ws.run_net_once(init)
+        ws.create_net(candidate.SerializeToString(), True)
+        times.append(_mean_run_seconds(ws, candidate.name, warmup_runs, main_runs))
+    if times[1] * float(improvement_threshold) < times[0]:
+        return transformed
+    return original
+
+
+# -- Predictor -------------------------------------------------------------------------------
+
+
+class Predictor:
+    """Caffe2's ``Predictor`` over the current workspace: runs ``init_net`` once, creates
+    ``predict_net``; ``run(inputs)`` feeds its inputs (the external inputs the init net does
+    not produce, in order; or a dict by name), runs it and returns its external outputs."""
+
+    def __init__(self, init_net, predict_net):
+        ws = _ws()
+        init = caffe2_pb2.NetDef.FromString(StringifyProto(init_net))
+        net = caffe2_pb2.NetDef.FromString(StringifyProto(predict_net))
+        ws.run_net_once(init.SerializeToString())
+        made = {b for op in init.op for b in op.output}
+        self._ws = ws
+        self._inputs = [b for b in net.external_input if b not in made]
+        self._outputs = list(net.external_output)
+        for b in self._inputs:
+            ws.create_blob(b)
+        self._name = net.name
+        ws.create_net(net.SerializeToString(), True)
+
+    def run(self, inputs):
+        if isinstance(inputs, dict):
+            items = list(inputs.items())
+        else:
+            inputs = list(inputs)
+            if len(inputs) > len(self._inputs):
+                raise RuntimeError(
+                    "Predictor.run: %d inputs given, the net has %d (%s)"
+                    % (len(inputs), len(self._inputs), ", ".join(self._inputs))
+                )
+            items = list(zip(self._inputs, inputs, strict=False))
+        for name, value in items:
+            _feed(self._ws, StringifyBlobName(name), value)
+        self._ws.run_net(self._name, 1)
+        return [self._ws.fetch(b) for b in self._outputs]
 
 
 def RegisteredOperators():
