@@ -175,13 +175,13 @@ def test_python_threads_run_nets_with_python_ops_at_once():
     def f(inputs, outputs):
         _copy(inputs, outputs)
 
+    workspace.FeedBlob("x", np.ones(5, dtype=np.float32))
     nets = []
     for t in range(4):
         net = core.Net("thread_net_%d" % t)
         net.Proto().op.extend([CreatePythonOperator(f, ["x"], ["t%d" % t])])
         nets.append(net)
         workspace.CreateNet(net)
-    workspace.FeedBlob("x", np.ones(5, dtype=np.float32))
     errors = []
 
     def run(net):
@@ -272,7 +272,7 @@ def test_python_op_in_a_recurrent_style_child_workspace():
     outer.CreateScope([], ["scope"])
     outer.Do(
         ["x", "scope"],
-        ["y"],
+        ["y", "scope"],
         net=inner.Proto(),
         inner_blobs=["x", "y"],
         outer_blobs_idx=[0, 1],

@@ -155,6 +155,30 @@ def test_torch_tensors_feed_and_fetch():
     assert workspace.C.Workspace.current.blobs["t"].to_torch().tolist() == [0, 1, 2, 3]
 
 
+def test_torch_tensors_stay_bound_to_their_blobs():
+    torch = pytest.importorskip("torch")
+    workspace.RunOperatorOnce(
+        core.CreateOperator("ConstantFill", [], "foo", shape=(4,), value=2, dtype=10)
+    )
+    t = workspace.FetchTorch("foo")
+    t.resize_(5)
+    t[4] = t[2] = 777
+    np.testing.assert_array_equal(workspace.FetchBlob("foo"), [2, 2, 777, 2, 777])
+    # An op changing the blob (shape included) changes the fed tensor.
+    z = torch.ones((4,), dtype=torch.int64)
+    workspace.FeedBlob("bar", z)
+    workspace.RunOperatorOnce(core.CreateOperator("Reshape", ["bar"], ["bar", "_"], shape=(2, 2)))
+    assert tuple(z.shape) == (2, 2)
+    z[0, 1] = 123
+    np.testing.assert_array_equal(workspace.FetchBlob("bar"), [[1, 123], [1, 1]])
+    # The blob never holds torch's memory: torch may reallocate it.
+    z.resize_(100)
+    z.fill_(0)
+    workspace.FeedBlob("bar", np.array([5, 6]))  # feeding something else unbinds z
+    z.fill_(1)
+    np.testing.assert_array_equal(workspace.FetchBlob("bar"), [5, 6])
+
+
 def test_immediate_mode_runs_ops_in_their_own_workspace():
     workspace.StartImmediate(i_know=True)
     assert workspace.IsImmediate()
@@ -175,12 +199,51 @@ def test_predictor_runs_the_init_net_once_and_the_predict_net_per_call():
     init.ConstantFill([], "w", shape=[2, 3], value=1.0)
     init.ConstantFill([], "bias", shape=[2], value=0.5)
     predict = core.Net("predict")
-    predict.FC(["data", "w", "bias"], "y")
-    predict.AddExternalOutput("y")
+    y = predict.FC(["data", "w", "bias"], "y")
+    predict.AddExternalOutput(y)
     p = workspace.Predictor(init.Proto().SerializeToString(), predict.Proto())
-    (y,) = p.run([np.array([[1.0, 2.0, 3.0]], dtype=np.float32)])
-    np.testing.assert_allclose(y, [[6.5, 6.5]])
-    (y,) = p.run({"data": np.zeros((1, 3), np.float32)})
-    np.testing.assert_allclose(y, [[0.5, 0.5]])
+    (out,) = p.run([np.array([[1.0, 2.0, 3.0]], dtype=np.float32)])
+    np.testing.assert_allclose(out, [[6.5, 6.5]])
+    (out,) = p.run({"data": np.zeros((1, 3), np.float32)})
+    np.testing.assert_allclose(out, [[0.5, 0.5]])
     with pytest.raises(RuntimeError):
         p.run([np.zeros((1, 3), np.float32)] * 2)
+
+
+def test_operator_cost_of_a_convolution():
+    op = core.CreateOperator("Conv2D", ["X", "W"], ["Y"], stride=1, pad=1, kernel=3, order="NCHW")
+    workspace.FeedBlob("X", np.zeros((1, 8, 8, 8)))  # float64: 8 bytes an element
+    workspace.FeedBlob("W", np.zeros((1, 1, 3, 3)))
+    cost = workspace.GetOperatorCost(op.SerializeToString(), ["X", "W"])
+    assert cost == (1152, 256, 4168)
+    assert cost.flops == 1152 and cost.bytes_read == 4168
+    with pytest.raises(RuntimeError, match="cost"):
+        workspace.GetOperatorCost(core.CreateOperator("Relu", ["X"], ["Y"]), ["X"])
+
+
+def _conv_model():
+    net = core.Net("convs")
+    net.Conv(["data", "w", "b"], "c", kernel=3, engine="CUDNN")
+    net.Relu("c", "c")
+    return net
+
+
+def test_apply_transform_and_if_faster():
+    net = _conv_model()
+    out = workspace.ApplyTransform("ConvToNNPack", net.Proto())
+    assert [o.engine for o in out.op] == ["NNPACK", ""]
+    assert net.Proto().op[0].engine == "CUDNN"
+    with pytest.raises(RuntimeError, match="no_such_transform"):
+        workspace.ApplyTransform("no_such_transform", net.Proto())
+    init = core.Net("init")
+    init.ConstantFill([], "data", shape=[1, 2, 5, 5], value=1.0)
+    init.ConstantFill([], "w", shape=[2, 2, 3, 3], value=0.5)
+    init.ConstantFill([], "b", shape=[2], value=0.0)
+    # Never "faster" by a factor of 1000: the original comes back.
+    kept = workspace.ApplyTransformIfFaster(
+        "ConvToNNPack", net.Proto(), init.Proto(), 1, 2, improvement_threshold=1000.0
+    )
+    assert kept.op[0].engine == "CUDNN"
+    workspace.RunNetOnce(init)
+    workspace.RunNetOnce(out)
+    np.testing.assert_allclose(workspace.FetchBlob("c"), np.full((1, 2, 3, 3), 9.0))

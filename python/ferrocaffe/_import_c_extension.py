@@ -101,7 +101,7 @@ def _copied(value):
     if isinstance(value, (bytes, str)):
         return value
     if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch tensor
-        value = value.detach().cpu().numpy()
+        value = value.detach().cpu().clone().numpy()
     return np.array(value, copy=True)
 
 
@@ -229,7 +229,7 @@ class Workspace(metaclass=_WorkspaceType):
         return self._ws.has_blob(str(name))
 
     def fetch_blob(self, name):
-        return self._ws.fetch(str(name))
+        return _fetched_copy(self._ws.fetch(str(name)))
 
     def feed_blob(self, name, arr, device_option=None):
         _workspace_module()._feed_on(self._ws, str(name), arr, device_option)

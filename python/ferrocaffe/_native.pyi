@@ -256,3 +256,7 @@ def set_python_op_factory(factory: object) -> None:
 def apply_transform(name: str, net: bytes) -> bytes:
     """The serialized NetDef `net` rewritten by the transform registered as `name`."""
     ...
+
+def operator_cost(op: bytes, inputs: list[tuple[list[int], int]]) -> tuple[int, int, int]:
+    """`(flops, bytes_written, bytes_read)` of an OperatorDef over `(dims, item_size)` inputs."""
+    ...

@@ -2,9 +2,9 @@
 
 Blobs live in Rust. ``FeedBlob`` hands a numeric numpy array over without copying when it is
 C-contiguous and aligned (the workspace then reads that memory: change the array after feeding
-and the blob sees it, until an op writes the blob, which copies first). ``FetchBlob`` returns a
-read-only array sharing the tensor's memory; later runs never change it (the engine copies on
-write). Call ``.copy()`` on it for a writable array. Strings come back as object arrays of bytes.
+and the blob sees it, until an op writes the blob, which copies first). ``FetchBlob`` returns an
+array of its own, as Caffe2 did (callers write into it and feed it back); later runs never
+change it. Strings come back as object arrays of bytes.
 
 Nets, ops and plans are accepted as protobuf messages or as anything with ``.Proto()``
 (``core.Net``, ``core.Plan``, ``core.ExecutionStep``...). Every run releases the GIL, so several
@@ -33,6 +33,7 @@ __all__ = [
     "FetchBlobs",
     "FetchTorch",
     "GetBlobSizeBytes",
+    "GetOperatorCost",
     "GetCuDNNVersion",
     "GlobalInit",
     "ApplyTransform",
@@ -155,6 +156,8 @@ def StringifyProto(obj):
 def ResetWorkspace(root_folder=None):
     """Empties the current workspace (blobs and nets); optionally sets its root folder."""
     ws = _ws()
+    for key in [k for k, (_, owner) in _torch_bound.items() if owner is ws]:
+        del _torch_bound[key]
     ws.reset()
     _native.cuda_empty_cache()
     ws.root_folder = "." if root_folder is None else str(root_folder)
@@ -251,23 +254,41 @@ def FeedBlob(name, arr, device_option=None):
 
 
 def _is_torch_tensor(arr):
-    return type(arr).__module__.startswith("torch") and hasattr(arr, "numpy")
+    module = getattr(type(arr), "__module__", None) or ""
+    return module.startswith("torch") and hasattr(arr, "numpy")
 
 
 def _feed_on(ws, name, arr, device_option=None):
     """Feeds ``arr`` into blob ``name`` of native workspace ``ws``, on the device
     ``device_option`` names (the host for CPU-like types)."""
+    torch_tensor = None
+    if _torch_bound:
+        _torch_bound.pop((id(ws), StringifyBlobName(name)), None)
     if _is_torch_tensor(arr):
-        arr = arr.detach().cpu().numpy()
+        torch_tensor = arr
+        arr = arr.detach().cpu().clone().numpy()
     _feed(ws, name, arr)
+    if torch_tensor is not None and torch_tensor.device.type == "cpu":
+        _bind_torch(ws, StringifyBlobName(name), torch_tensor)
     if device_option is not None and device_option.device_type == caffe2_pb2.CUDA:
         ws.to_device(StringifyBlobName(name), int(device_option.device_id))
     return True
 
 
+def _fetched(value):
+    """A fetched value the caller owns: Caffe2's FetchBlob returned a copy, which callers write."""
+    if isinstance(value, np.ndarray) and not value.flags.writeable:
+        return value.copy()
+    return value
+
+
 def FetchBlob(name):
-    """The value of blob ``name`` as a numpy array (bytes for a string blob)."""
-    return _ws().fetch(StringifyBlobName(name))
+    """The value of blob ``name`` as a numpy array of its own (bytes for a string blob)."""
+    ws = _ws()
+    name = StringifyBlobName(name)
+    if _torch_bound:
+        _torch_to_blobs(ws, name)
+    return _fetched(ws.fetch(name))
 
 
 def FetchBlobs(names):
@@ -279,17 +300,99 @@ def GetBlobSizeBytes(name):
     return _ws().blob_nbytes(StringifyBlobName(name))
 
 
+def GetOperatorCost(operator, blobs):
+    """Caffe2's cost estimate of ``operator`` over the current values of its input ``blobs``:
+    ``Cost(flops, bytes_written, bytes_read)``; a RuntimeError for an op type Caffe2 had no
+    cost function for."""
+    from collections import namedtuple
+
+    ws = _ws()
+    shapes = []
+    for b in blobs:
+        value = ws.fetch(StringifyBlobName(b))
+        if not isinstance(value, np.ndarray):
+            raise RuntimeError("GetOperatorCost: blob %r holds no tensor" % (str(b),))
+        shapes.append((list(value.shape), int(value.dtype.itemsize)))
+    cost = _native.operator_cost(StringifyProto(operator), shapes)
+    return namedtuple("Cost", ["flops", "bytes_written", "bytes_read"])(*cost)
+
+
+# -- torch tensors bound to blobs ------------------------------------------------------------
+#
+# In Caffe2 a torch tensor from FetchTorch, or fed with FeedBlob, was the blob's own tensor.
+# Here memory is never shared with torch (torch may reallocate a tensor's storage under a
+# blob): a bound tensor and its blob hold copies, made equal at every workspace call of this
+# module: the tensor's values go to the blob before a run or a fetch, the blob's (shape
+# included) come back to the tensor after a run. A later FeedBlob of something else, or a
+# reset, unbinds it; so does the tensor's death. (Values leave a torch tensor through a clone:
+# torch makes a storage that numpy has seen non-resizable.)
+
+# (id of native workspace, blob name) -> (weak reference to the tensor, the workspace)
+_torch_bound = {}
+
+
+def _bind_torch(ws, name, tensor):
+    import weakref
+
+    _torch_bound[(id(ws), name)] = (weakref.ref(tensor), ws)
+
+
+def _bound_tensors(ws, name=None):
+    for key, (ref, owner) in list(_torch_bound.items()):
+        if owner is not ws or (name is not None and key[1] != name):
+            continue
+        t = ref()
+        if t is None:
+            del _torch_bound[key]
+            continue
+        yield key[1], t
+
+
+def _torch_to_blobs(ws, name=None):
+    for blob, t in _bound_tensors(ws, name):
+        _feed(ws, blob, t.detach().cpu().clone().numpy())
+
+
+def _blobs_to_torch(ws):
+    import torch
+
+    for blob, t in _bound_tensors(ws):
+        value = ws.fetch(blob) if ws.has_blob(blob) else None
+        if not isinstance(value, np.ndarray) or value.dtype == object:
+            del _torch_bound[(id(ws), blob)]
+            continue
+        if tuple(t.shape) != value.shape:
+            t.resize_(value.shape)
+        with torch.no_grad():
+            t.copy_(torch.from_numpy(value.copy()))
+
+
+def _run(ws, method, *args):
+    """``method(*args)`` (a run on ``ws``), with bound torch tensors synced around it."""
+    if not _torch_bound:
+        return method(*args)
+    _torch_to_blobs(ws)
+    try:
+        return method(*args)
+    finally:
+        _blobs_to_torch(ws)
+
+
 def _fetch_torch(ws, name):
     import torch
 
+    if _torch_bound:
+        _torch_to_blobs(ws, name)
     value = ws.fetch(name)
     if not isinstance(value, np.ndarray) or value.dtype == object:
         raise TypeError("blob %r does not hold a numeric tensor" % (name,))
-    return torch.from_numpy(value.copy())
+    t = torch.tensor(value)
+    _bind_torch(ws, name, t)
+    return t
 
 
 def FetchTorch(name):
-    """The tensor of blob ``name`` as a (CPU) torch tensor holding a copy of its values."""
+    """The tensor of blob ``name`` as a (CPU) torch tensor bound to the blob (see above)."""
     return _fetch_torch(_ws(), StringifyBlobName(name))
 
 
@@ -374,7 +477,8 @@ def Nets():
 def RunNet(name, num_iter=1, allow_fail=False):
     """Runs a created net ``num_iter`` times. Returns True (False on failure with allow_fail)."""
     try:
-        _ws().run_net(StringifyNetName(name), int(num_iter))
+        ws = _ws()
+        _run(ws, ws.run_net, StringifyNetName(name), int(num_iter))
     except RuntimeError:
         if allow_fail:
             return False
@@ -383,12 +487,14 @@ def RunNet(name, num_iter=1, allow_fail=False):
 
 
 def RunNetOnce(net):
-    _ws().run_net_once(StringifyProto(_net_proto(net)))
+    ws = _ws()
+    _run(ws, ws.run_net_once, StringifyProto(_net_proto(net)))
     return True
 
 
 def RunOperatorOnce(operator):
-    _ws().run_operator_once(StringifyProto(operator))
+    ws = _ws()
+    _run(ws, ws.run_operator_once, StringifyProto(operator))
     return True
 
 
@@ -406,7 +512,8 @@ def RunPlan(plan_or_step):
         core = None
     if core is not None and isinstance(plan_or_step, getattr(core, "ExecutionStep", ())):
         plan_or_step = core.Plan(plan_or_step)
-    _ws().run_plan(StringifyProto(plan_or_step))
+    ws = _ws()
+    _run(ws, ws.run_plan, StringifyProto(plan_or_step))
     return True
 
 
@@ -632,7 +739,7 @@ class Predictor:
         for name, value in items:
             _feed(self._ws, StringifyBlobName(name), value)
         self._ws.run_net(self._name, 1)
-        return [self._ws.fetch(b) for b in self._outputs]
+        return [_fetched(self._ws.fetch(b)) for b in self._outputs]
 
 
 def RegisteredOperators():

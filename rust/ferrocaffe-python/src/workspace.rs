@@ -159,17 +159,21 @@ impl PyWorkspace {
 
 /// The tensor of blob `name` for writing from Python: a host tensor, else a RuntimeError.
 fn host_tensor_mut<'b>(name: &str, b: &'b mut Blob) -> PyResult<&'b mut Tensor> {
-    match b {
-        Blob::Tensor(t) if t.is_host() => Ok(t),
-        Blob::Tensor(t) => Err(PyRuntimeError::new_err(format!(
+    let problem = match &*b {
+        Blob::Tensor(t) if t.is_host() => None,
+        Blob::Tensor(t) => Some(format!(
             "blob '{name}' holds a tensor on {}; only host tensors can be read or written \
              in place from Python",
             t.device()
-        ))),
-        other => Err(PyRuntimeError::new_err(format!(
+        )),
+        other => Some(format!(
             "blob '{name}' holds {}, not a tensor",
             other.type_name()
-        ))),
+        )),
+    };
+    match problem {
+        Some(msg) => Err(PyRuntimeError::new_err(msg)),
+        None => Ok(b.tensor_mut()),
     }
 }
 
@@ -225,7 +229,7 @@ impl PyWorkspace {
     }
 
     /// Makes blob `name` a tensor of `dims` and TensorProto data type `data_type` (Caffe2's
-    /// `TensorCPU.init`); strings cannot be made this way.
+    /// `TensorCPU.init`), zero-filled; strings cannot be made this way.
     fn tensor_init(&self, name: &str, dims: Vec<usize>, data_type: i64) -> PyResult<()> {
         guard("Workspace.tensor_init", || {
             let dtype = DataType::from_proto(data_type).py()?;
@@ -238,7 +242,11 @@ impl PyWorkspace {
             let h = self.ws.create_blob(name);
             let mut b = h.write();
             match &mut *b {
-                Blob::Tensor(old) if old.is_host() => old.try_reset(dtype, &dims).py()?,
+                Blob::Tensor(old) if old.is_host() => {
+                    old.try_reset(dtype, &dims).py()?;
+                    // A reused buffer keeps old bytes: start from zeros, as a new one does.
+                    old.bytes_mut().fill(0);
+                }
                 other => *other = Blob::Tensor(Tensor::try_new(dtype, &dims).py()?),
             }
             Ok(())
@@ -516,8 +524,25 @@ fn apply_transform<'py>(py: Python<'py>, name: &str, net: &[u8]) -> PyResult<Bou
     })
 }
 
+/// `(flops, bytes_written, bytes_read)` of the serialized OperatorDef `op` over inputs of
+/// these `(dims, item_size)` shapes (Caffe2's `get_operator_cost`).
+#[pyfunction]
+fn operator_cost(op: &[u8], inputs: Vec<(Vec<u64>, u64)>) -> PyResult<(u64, u64, u64)> {
+    guard("operator_cost", || {
+        use ferrocaffe::schema::cost::{op_cost, InputShape};
+        let def: OperatorDef = proto::decode(op).py()?;
+        let shapes: Vec<InputShape> = inputs
+            .into_iter()
+            .map(|(dims, item_size)| InputShape { dims, item_size })
+            .collect();
+        let c = op_cost(&def, &shapes).py()?;
+        Ok((c.flops, c.bytes_written, c.bytes_read))
+    })
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(apply_transform, m)?)?;
+    m.add_function(wrap_pyfunction!(operator_cost, m)?)?;
     m.add_class::<PyWorkspace>()?;
     m.add_class::<TensorBuffer>()?;
     m.add_function(wrap_pyfunction!(kernel_types, m)?)?;

@@ -17,7 +17,10 @@ pub fn apply(name: &str, net: &NetDef) -> Result<NetDef> {
     match name {
         "ConvToNNPack" => {
             for op in &mut out.op {
-                let on_cpu = op.device_option.as_ref().is_none_or(|d| d.device_type() == 0);
+                let on_cpu = op
+                    .device_option
+                    .as_ref()
+                    .is_none_or(|d| d.device_type() == 0);
                 if op.r#type() == "Conv" && on_cpu && op.engine() != "NNPACK" {
                     op.engine = Some("NNPACK".into());
                 }
