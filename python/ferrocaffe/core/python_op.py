@@ -14,7 +14,7 @@ from ferrocaffe.core.gradients import GradientRegistry, GradientSlice
 from ferrocaffe.core.operator import CreateOperator
 from ferrocaffe.proto import caffe2_pb2
 
-__all__ = ["CreatePythonOperator"]
+__all__ = ["CreatePythonOperator", "_RegisterPythonImpl"]
 
 
 def _RegisterPythonImpl(f, grad_f=None, python_func_type=None, pass_workspace=False):
