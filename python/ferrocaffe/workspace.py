@@ -2,9 +2,9 @@
 
 Blobs live in Rust. ``FeedBlob`` hands a numeric numpy array over without copying when it is
 C-contiguous and aligned (the workspace then reads that memory: change the array after feeding
-and the blob sees it, until an op writes the blob, which copies first). ``FetchBlob`` returns a
-read-only array sharing the tensor's memory; later runs never change it (the engine copies on
-write). Call ``.copy()`` on it for a writable array. Strings come back as object arrays of bytes.
+and the blob sees it, until an op writes the blob, which copies first). ``FetchBlob`` returns an
+array of its own, as Caffe2 did (callers write into it and feed it back); later runs never
+change it. Strings come back as object arrays of bytes.
 
 Nets, ops and plans are accepted as protobuf messages or as anything with ``.Proto()``
 (``core.Net``, ``core.Plan``, ``core.ExecutionStep``...). Every run releases the GIL, so several
@@ -12,10 +12,13 @@ Python threads can run different nets on one workspace.
 """
 
 import contextlib
+import shutil
+import tempfile
 from collections import defaultdict
 
 import numpy as np
 
+from ferrocaffe import _import_c_extension as C
 from ferrocaffe import _native
 from ferrocaffe.proto import caffe2_pb2
 
@@ -29,9 +32,17 @@ __all__ = [
     "FeedBlob",
     "FetchBlob",
     "FetchBlobs",
+    "FetchTorch",
+    "GetBlobSizeBytes",
+    "GetOperatorCost",
     "GetCuDNNVersion",
     "GlobalInit",
+    "ApplyTransform",
+    "ApplyTransformIfFaster",
     "IsImmediate",
+    "Predictor",
+    "StartImmediate",
+    "StopImmediate",
     "HasBlob",
     "Nets",
     "RegisteredOperators",
@@ -56,7 +67,6 @@ __all__ = [
     "blobs",
 ]
 
-C = _native
 # Caffe2's flags. Caffe2 had CPU-only and CUDA builds, and code (its own test helpers
 # included) reads `has_cuda_support` to decide whether to put ops on CUDA; the one wheel
 # carries CUDA and loads the driver at run time, so both flags say whether a GPU can be used
@@ -147,6 +157,8 @@ def StringifyProto(obj):
 def ResetWorkspace(root_folder=None):
     """Empties the current workspace (blobs and nets); optionally sets its root folder."""
     ws = _ws()
+    for key in [k for k, (_, owner) in _torch_bound.items() if owner is ws]:
+        del _torch_bound[key]
     ws.reset()
     _native.cuda_empty_cache()
     ws.root_folder = "." if root_folder is None else str(root_folder)
@@ -239,20 +251,150 @@ def FeedBlob(name, arr, device_option=None):
         from . import scope
 
         device_option = scope.CurrentDeviceScope()
-    ws = _ws()
+    return _feed_on(_ws(), name, arr, device_option)
+
+
+def _is_torch_tensor(arr):
+    module = getattr(type(arr), "__module__", None) or ""
+    return module.startswith("torch") and hasattr(arr, "numpy")
+
+
+def _feed_on(ws, name, arr, device_option=None):
+    """Feeds ``arr`` into blob ``name`` of native workspace ``ws``, on the device
+    ``device_option`` names (the host for CPU-like types)."""
+    torch_tensor = None
+    if _torch_bound:
+        _torch_bound.pop((id(ws), StringifyBlobName(name)), None)
+    if _is_torch_tensor(arr):
+        torch_tensor = arr
+        arr = arr.detach().cpu().clone().numpy()
     _feed(ws, name, arr)
+    if torch_tensor is not None and torch_tensor.device.type == "cpu":
+        _bind_torch(ws, StringifyBlobName(name), torch_tensor)
     if device_option is not None and device_option.device_type == caffe2_pb2.CUDA:
         ws.to_device(StringifyBlobName(name), int(device_option.device_id))
     return True
 
 
+def _fetched(value):
+    """A fetched value the caller owns: Caffe2's FetchBlob returned a copy, which callers write."""
+    if isinstance(value, np.ndarray) and not value.flags.writeable:
+        return value.copy()
+    return value
+
+
 def FetchBlob(name):
-    """The value of blob ``name`` as a numpy array (bytes for a string blob)."""
-    return _ws().fetch(StringifyBlobName(name))
+    """The value of blob ``name`` as a numpy array of its own (bytes for a string blob)."""
+    ws = _ws()
+    name = StringifyBlobName(name)
+    if _torch_bound:
+        _torch_to_blobs(ws, name)
+    return _fetched(ws.fetch(name))
 
 
 def FetchBlobs(names):
     return [FetchBlob(n) for n in names]
+
+
+def GetBlobSizeBytes(name):
+    """The bytes blob ``name`` holds: its elements' size (plus the characters of strings)."""
+    return _ws().blob_nbytes(StringifyBlobName(name))
+
+
+def GetOperatorCost(operator, blobs):
+    """Caffe2's cost estimate of ``operator`` over the current values of its input ``blobs``:
+    ``Cost(flops, bytes_written, bytes_read)``; a RuntimeError for an op type Caffe2 had no
+    cost function for."""
+    from collections import namedtuple
+
+    ws = _ws()
+    shapes = []
+    for b in blobs:
+        value = ws.fetch(StringifyBlobName(b))
+        if not isinstance(value, np.ndarray):
+            raise RuntimeError("GetOperatorCost: blob %r holds no tensor" % (str(b),))
+        shapes.append((list(value.shape), int(value.dtype.itemsize)))
+    cost = _native.operator_cost(StringifyProto(operator), shapes)
+    return namedtuple("Cost", ["flops", "bytes_written", "bytes_read"])(*cost)
+
+
+# -- torch tensors bound to blobs ------------------------------------------------------------
+#
+# In Caffe2 a torch tensor from FetchTorch, or fed with FeedBlob, was the blob's own tensor.
+# Here memory is never shared with torch (torch may reallocate a tensor's storage under a
+# blob): a bound tensor and its blob hold copies, made equal at every workspace call of this
+# module: the tensor's values go to the blob before a run or a fetch, the blob's (shape
+# included) come back to the tensor after a run. A later FeedBlob of something else, or a
+# reset, unbinds it; so does the tensor's death. (Values leave a torch tensor through a clone:
+# torch makes a storage that numpy has seen non-resizable.)
+
+# (id of native workspace, blob name) -> (weak reference to the tensor, the workspace)
+_torch_bound = {}
+
+
+def _bind_torch(ws, name, tensor):
+    import weakref
+
+    _torch_bound[(id(ws), name)] = (weakref.ref(tensor), ws)
+
+
+def _bound_tensors(ws, name=None):
+    for key, (ref, owner) in list(_torch_bound.items()):
+        if owner is not ws or (name is not None and key[1] != name):
+            continue
+        t = ref()
+        if t is None:
+            del _torch_bound[key]
+            continue
+        yield key[1], t
+
+
+def _torch_to_blobs(ws, name=None):
+    for blob, t in _bound_tensors(ws, name):
+        _feed(ws, blob, t.detach().cpu().clone().numpy())
+
+
+def _blobs_to_torch(ws):
+    import torch
+
+    for blob, t in _bound_tensors(ws):
+        value = ws.fetch(blob) if ws.has_blob(blob) else None
+        if not isinstance(value, np.ndarray) or value.dtype == object:
+            del _torch_bound[(id(ws), blob)]
+            continue
+        if tuple(t.shape) != value.shape:
+            t.resize_(value.shape)
+        with torch.no_grad():
+            t.copy_(torch.from_numpy(value.copy()))
+
+
+def _run(ws, method, *args):
+    """``method(*args)`` (a run on ``ws``), with bound torch tensors synced around it."""
+    if not _torch_bound:
+        return method(*args)
+    _torch_to_blobs(ws)
+    try:
+        return method(*args)
+    finally:
+        _blobs_to_torch(ws)
+
+
+def _fetch_torch(ws, name):
+    import torch
+
+    if _torch_bound:
+        _torch_to_blobs(ws, name)
+    value = ws.fetch(name)
+    if not isinstance(value, np.ndarray) or value.dtype == object:
+        raise TypeError("blob %r does not hold a numeric tensor" % (name,))
+    t = torch.tensor(value)
+    _bind_torch(ws, name, t)
+    return t
+
+
+def FetchTorch(name):
+    """The tensor of blob ``name`` as a (CPU) torch tensor bound to the blob (see above)."""
+    return _fetch_torch(_ws(), StringifyBlobName(name))
 
 
 def HasBlob(name):
@@ -336,7 +478,8 @@ def Nets():
 def RunNet(name, num_iter=1, allow_fail=False):
     """Runs a created net ``num_iter`` times. Returns True (False on failure with allow_fail)."""
     try:
-        _ws().run_net(StringifyNetName(name), int(num_iter))
+        ws = _ws()
+        _run(ws, ws.run_net, StringifyNetName(name), int(num_iter))
     except RuntimeError:
         if allow_fail:
             return False
@@ -345,12 +488,14 @@ def RunNet(name, num_iter=1, allow_fail=False):
 
 
 def RunNetOnce(net):
-    _ws().run_net_once(StringifyProto(_net_proto(net)))
+    ws = _ws()
+    _run(ws, ws.run_net_once, StringifyProto(_net_proto(net)))
     return True
 
 
 def RunOperatorOnce(operator):
-    _ws().run_operator_once(StringifyProto(operator))
+    ws = _ws()
+    _run(ws, ws.run_operator_once, StringifyProto(operator))
     return True
 
 
@@ -368,7 +513,8 @@ def RunPlan(plan_or_step):
         core = None
     if core is not None and isinstance(plan_or_step, getattr(core, "ExecutionStep", ())):
         plan_or_step = core.Plan(plan_or_step)
-    _ws().run_plan(StringifyProto(plan_or_step))
+    ws = _ws()
+    _run(ws, ws.run_plan, StringifyProto(plan_or_step))
     return True
 
 
@@ -441,9 +587,160 @@ def RunPlanInBackground(plan_or_step):
     return _PlanRun(plan_or_step)
 
 
+# -- immediate mode: ops run in a workspace of their own as they are created -----------------
+
+_immediate_mode = False
+_immediate_workspace_name = "_CAFFE2_IMMEDIATE"
+_immediate_root_folder = ""
+
+
+class _WorkspaceGuard:
+    """Makes workspace ``name`` current (created if missing) for the duration of a block."""
+
+    def __init__(self, name):
+        self._name = name
+        self._saved = None
+
+    def __enter__(self):
+        self._saved = _current
+        SwitchWorkspace(self._name, True)
+
+    def __exit__(self, *exc):
+        SwitchWorkspace(self._saved)
+        return False
+
+
 def IsImmediate():
-    """Caffe2's immediate mode (running ops as they are created) is not provided."""
-    return False
+    """Whether immediate mode is on (``core.CreateOperator`` then also runs each op)."""
+    return _immediate_mode
+
+
+def StartImmediate(i_know=False):
+    """Turns immediate mode on: each operator created runs at once in a separate workspace
+    (``_CAFFE2_IMMEDIATE``, rooted in a new temporary folder); read it with
+    ``FetchImmediate``/``ImmediateBlobs``."""
+    global _immediate_mode, _immediate_root_folder
+    if IsImmediate():
+        StopImmediate()
+    _immediate_mode = True
+    with _WorkspaceGuard(_immediate_workspace_name):
+        _immediate_root_folder = tempfile.mkdtemp()
+        ResetWorkspace(_immediate_root_folder)
+    if not i_know:
+        print("Immediate mode is on: every operator created also runs (a debugging aid).")
+
+
+def StopImmediate():
+    """Turns immediate mode off, emptying its workspace and removing its root folder."""
+    global _immediate_mode, _immediate_root_folder
+    if not IsImmediate():
+        return
+    with _WorkspaceGuard(_immediate_workspace_name):
+        ResetWorkspace()
+    shutil.rmtree(_immediate_root_folder, ignore_errors=True)
+    _immediate_root_folder = ""
+    _immediate_mode = False
+
+
+def ImmediateBlobs():
+    with _WorkspaceGuard(_immediate_workspace_name):
+        return Blobs()
+
+
+def RunOperatorImmediate(op):
+    with _WorkspaceGuard(_immediate_workspace_name):
+        RunOperatorOnce(op)
+
+
+def FetchImmediate(*args, **kwargs):
+    with _WorkspaceGuard(_immediate_workspace_name):
+        return FetchBlob(*args, **kwargs)
+
+
+def FeedImmediate(*args, **kwargs):
+    with _WorkspaceGuard(_immediate_workspace_name):
+        return FeedBlob(*args, **kwargs)
+
+
+# -- transforms ------------------------------------------------------------------------------
+
+
+def ApplyTransform(transform_key, net):
+    """``net`` (NetDef or core.Net) rewritten by the registered transform ``transform_key``,
+    as a new NetDef; an unknown key is a RuntimeError."""
+    data = _native.apply_transform(str(transform_key), StringifyProto(_net_proto(net)))
+    return caffe2_pb2.NetDef.FromString(data)
+
+
+def _mean_run_seconds(ws, name, warmup_runs, main_runs):
+    import time
+
+    if warmup_runs > 0:
+        ws.run_net(name, int(warmup_runs))
+    start = time.perf_counter()
+    if main_runs > 0:
+        ws.run_net(name, int(main_runs))
+    return (time.perf_counter() - start) / max(int(main_runs), 1)
+
+
+def ApplyTransformIfFaster(
+    transform_key, net, init_net, warmup_runs=5, main_runs=10, improvement_threshold=1.0
+):
+    """The transformed ``net`` when it runs faster than ``net`` by ``improvement_threshold``
+    (its time times the threshold is below the original's), else ``net`` itself (a copy).
+    Both are timed in a new workspace after ``init_net`` ran there."""
+    original = caffe2_pb2.NetDef()
+    original.CopyFrom(_net_proto(net))
+    transformed = ApplyTransform(transform_key, original)
+    init = StringifyProto(_net_proto(init_net))
+    times = []
+    for candidate in (original, transformed):
+        ws = _native.Workspace()
+        ws.run_net_once(init)
+        ws.create_net(candidate.SerializeToString(), True)
+        times.append(_mean_run_seconds(ws, candidate.name, warmup_runs, main_runs))
+    if times[1] * float(improvement_threshold) < times[0]:
+        return transformed
+    return original
+
+
+# -- Predictor -------------------------------------------------------------------------------
+
+
+class Predictor:
+    """Caffe2's ``Predictor`` over the current workspace: runs ``init_net`` once, creates
+    ``predict_net``; ``run(inputs)`` feeds its inputs (the external inputs the init net does
+    not produce, in order; or a dict by name), runs it and returns its external outputs."""
+
+    def __init__(self, init_net, predict_net):
+        ws = _ws()
+        init = caffe2_pb2.NetDef.FromString(StringifyProto(init_net))
+        net = caffe2_pb2.NetDef.FromString(StringifyProto(predict_net))
+        ws.run_net_once(init.SerializeToString())
+        made = {b for op in init.op for b in op.output}
+        self._ws = ws
+        self._inputs = [b for b in net.external_input if b not in made]
+        self._outputs = list(net.external_output)
+        for b in self._inputs:
+            ws.create_blob(b)
+        self._name = net.name
+        ws.create_net(net.SerializeToString(), True)
+
+    def run(self, inputs):
+        if isinstance(inputs, dict):
+            items = list(inputs.items())
+        else:
+            inputs = list(inputs)
+            if len(inputs) > len(self._inputs):
+                raise RuntimeError(
+                    "Predictor.run: %d inputs given, the net has %d (%s)"
+                    % (len(inputs), len(self._inputs), ", ".join(self._inputs))
+                )
+            items = list(zip(self._inputs, inputs, strict=False))
+        for name, value in items:
+            _feed(self._ws, StringifyBlobName(name), value)
+        self._ws.run_net(self._name, 1)
+        return [_fetched(self._ws.fetch(b)) for b in self._outputs]
 
 
 def RegisteredOperators():

@@ -14,5 +14,6 @@ from ferrocaffe.core.clone import *  # noqa: F401,F403
 from ferrocaffe.core.ssa import *  # noqa: F401,F403
 from ferrocaffe.core.gradients import *  # noqa: F401,F403
 from ferrocaffe.core.engine import *  # noqa: F401,F403
+from ferrocaffe.core.python_op import *  # noqa: F401,F403
 from ferrocaffe import scope, utils, workspace  # noqa: E402,F401  (core.scope/utils/workspace)
 from ferrocaffe.scope import DeviceScope, NameScope  # noqa: E402,F401  (core.NameScope is scope.NameScope)

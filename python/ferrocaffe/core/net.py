@@ -459,6 +459,31 @@ class Net:
         additional = [op for op in _GetRegisteredOperators() if "_ENGINE_" not in op]
         return sorted(set(dir(type(self))) | set(self.__dict__) | set(additional))
 
+    def Python(
+        self,
+        f,
+        grad_f=None,
+        python_func_type=None,
+        pass_workspace=False,
+        grad_output_indices=None,
+        grad_input_indices=None,
+    ):
+        """A maker of ``Python`` ops calling ``f`` (see ``core.CreatePythonOperator``):
+        ``net.Python(f)(inputs, outputs, **kwargs)``. ``f``/``grad_f`` may be
+        ``(builder, args, kwargs)`` tuples: each op instance then calls
+        ``builder(*args, **kwargs)`` once, when it is created, for its function."""
+        from ferrocaffe.core import python_op
+
+        return python_op._net_python(
+            self,
+            f,
+            grad_f,
+            python_func_type,
+            pass_workspace,
+            grad_output_indices,
+            grad_input_indices,
+        )
+
     def Const(self, array, blob_out=None, dtype=None):
         """Add a fill op holding ``array``: ConstantFill for a Python bool, otherwise a
         GivenTensor*Fill chosen by the numpy dtype (int32, int64, bool, else float)."""

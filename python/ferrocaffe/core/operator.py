@@ -7,6 +7,7 @@ applying the current name scope to string blob names and the current device scop
 """
 
 import os
+import sys
 import traceback
 
 from ferrocaffe import _native, scope, utils
@@ -187,4 +188,8 @@ def CreateOperator(
     for key, value in kwargs.items():
         if value is not None:
             operator.arg.add().CopyFrom(utils.MakeArgument(key, value))
+    # Caffe2's immediate mode (workspace.StartImmediate) runs each op as it is created.
+    ws_module = sys.modules.get("ferrocaffe.workspace")
+    if ws_module is not None and ws_module.IsImmediate():
+        ws_module.RunOperatorImmediate(operator)
     return operator

@@ -34,7 +34,7 @@ pyo3::create_exception!(
 /// | `Assertion` | `AssertionError` |
 /// | `Type` | `TypeError` |
 /// | `GradientMaker` | `Exception` |
-/// | `External` | `RuntimeError`, caused by the callback's exception |
+/// | `External` | `RuntimeError`, caused by the callback's exception; a Python operator's exception itself |
 ///
 /// A panic (a bug) caught by [`guard`] or [`detach_guarded`] is an [`InternalError`], a
 /// `RuntimeError` naming the entry point.
@@ -64,7 +64,20 @@ pub fn to_py(err: ferrocaffe::Error) -> PyErr {
         E::GradientMaker { .. } => PyException::new_err(msg),
         // An error of Python code called back: a RuntimeError naming what the engine was
         // doing, caused by the original exception.
-        E::External { source, .. } => {
+        E::External { source, context } => {
+            // An exception of a Python operator's function: raised again as it was (as
+            // Caffe2 did), with a note naming the op.
+            let source = match source.downcast::<crate::python_op::PythonOpError>() {
+                Ok(raised) => {
+                    return Python::attach(|py| {
+                        let err = raised.err;
+                        let note = format!("raised in {context}");
+                        let _ = err.value(py).call_method1("add_note", (note,));
+                        err
+                    })
+                }
+                Err(other) => other,
+            };
             let e = PyRuntimeError::new_err(msg);
             if let Ok(cause) = source.downcast::<PyErr>() {
                 Python::attach(|py| e.set_cause(py, Some(*cause)));

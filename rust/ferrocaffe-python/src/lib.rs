@@ -14,6 +14,7 @@ mod collective;
 mod cuda;
 mod errors;
 mod graph;
+mod python_op;
 
 use errors::{detach_guarded, guard, guard_ok, IntoPy};
 mod workspace;
@@ -93,5 +94,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     collective::register(m)?;
     cuda::register(m)?;
     workspace::register(m)?;
+    python_op::register(m)?;
     Ok(())
 }

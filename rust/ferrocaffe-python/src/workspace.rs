@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use numpy::npyffi::{self, flags, npy_intp, NpyTypes, PY_ARRAY_API};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
@@ -86,6 +86,12 @@ fn array_to_tensor(arr: &Bound<'_, PyUntypedArray>) -> PyResult<Tensor> {
 }
 
 fn snapshot_to_array<'py>(py: Python<'py>, snap: Snapshot) -> PyResult<Bound<'py, PyAny>> {
+    array_over(py, snap, false)
+}
+
+/// A numpy array over the snapshot's memory: read-only, or writable for a buffer the caller
+/// has just made this tensor's alone (strings always come back as a new object array).
+fn array_over<'py>(py: Python<'py>, snap: Snapshot, writable: bool) -> PyResult<Bound<'py, PyAny>> {
     if snap.dtype() == DataType::String {
         let items: Vec<Bound<'py, PyBytes>> =
             snap.strings().iter().map(|s| PyBytes::new(py, s)).collect();
@@ -102,8 +108,13 @@ fn snapshot_to_array<'py>(py: Python<'py>, snap: Snapshot) -> PyResult<Bound<'py
     let nd = dims.len() as i32;
     let data = snap.as_ptr() as *mut c_void;
     let owner = Bound::new(py, TensorBuffer { _snap: snap })?;
-    // SAFETY: standard numpy C-API use: a new read-only C-contiguous array over `data`, which the
-    // base object (holding the snapshot) keeps alive and which nobody writes (copy-on-write).
+    let mut npy_flags = flags::NPY_ARRAY_C_CONTIGUOUS | flags::NPY_ARRAY_ALIGNED;
+    if writable {
+        npy_flags |= flags::NPY_ARRAY_WRITEABLE;
+    }
+    // SAFETY: standard numpy C-API use: a new C-contiguous array over `data`, which the base
+    // object (holding the snapshot) keeps alive. A read-only one is never written
+    // (copy-on-write); a writable one is `Blob.tensor().data`, Caffe2's live view of a blob.
     unsafe {
         let ty = npyffi::get_type_object(py, NpyTypes::PyArray_Type);
         let ptr = PY_ARRAY_API.PyArray_NewFromDescr(
@@ -114,7 +125,7 @@ fn snapshot_to_array<'py>(py: Python<'py>, snap: Snapshot) -> PyResult<Bound<'py
             dims.as_mut_ptr(),
             std::ptr::null_mut(),
             data,
-            flags::NPY_ARRAY_C_CONTIGUOUS | flags::NPY_ARRAY_ALIGNED,
+            npy_flags,
             std::ptr::null_mut(),
         );
         if ptr.is_null() {
@@ -139,8 +150,127 @@ pub struct PyWorkspace {
     ws: Arc<CoreWorkspace>,
 }
 
+impl PyWorkspace {
+    /// A handle on an existing core workspace (the one a Python operator runs in).
+    pub(crate) fn from_core(ws: Arc<CoreWorkspace>) -> Self {
+        PyWorkspace { ws }
+    }
+}
+
+/// The tensor of blob `name` for writing from Python: a host tensor, else a RuntimeError.
+fn host_tensor_mut<'b>(name: &str, b: &'b mut Blob) -> PyResult<&'b mut Tensor> {
+    let problem = match &*b {
+        Blob::Tensor(t) if t.is_host() => None,
+        Blob::Tensor(t) => Some(format!(
+            "blob '{name}' holds a tensor on {}; only host tensors can be read or written \
+             in place from Python",
+            t.device()
+        )),
+        other => Some(format!(
+            "blob '{name}' holds {}, not a tensor",
+            other.type_name()
+        )),
+    };
+    match problem {
+        Some(msg) => Err(PyRuntimeError::new_err(msg)),
+        None => Ok(b.tensor_mut()),
+    }
+}
+
 #[pymethods]
 impl PyWorkspace {
+    /// The dims of the tensor in blob `name`, or None when it holds no tensor.
+    fn tensor_dims(&self, name: &str) -> PyResult<Option<Vec<usize>>> {
+        guard("Workspace.tensor_dims", || {
+            let h = self.ws.blob(name).py()?;
+            let b = h.read();
+            Ok(b.tensor().map(|t| t.dims().to_vec()))
+        })
+    }
+
+    /// A writable numpy array over the data of the tensor in blob `name` (Caffe2's
+    /// `TensorCPU.data`). The buffer is made the blob's own first, so earlier fetches keep
+    /// their values; an op that later writes the blob while the array lives copies first
+    /// (the array then no longer shows the blob). String tensors come back as a copy.
+    fn tensor_data<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        guard("Workspace.tensor_data", || {
+            let h = self.ws.blob(name).py()?;
+            let snap = {
+                let mut b = h.write();
+                let t = host_tensor_mut(name, &mut b)?;
+                if t.dtype() != DataType::String {
+                    // Copies a shared or borrowed buffer, so that writes reach this blob only.
+                    let _ = t.bytes_mut();
+                }
+                t.snapshot()
+            };
+            let writable = snap.dtype() != DataType::String;
+            array_over(py, snap, writable)
+        })
+    }
+
+    /// Gives the tensor of blob `name` shape `dims` (Caffe2's `TensorCPU.reshape`): the same
+    /// data when the element count is unchanged, else a new buffer of the same type. A blob
+    /// holding nothing becomes a float tensor.
+    fn tensor_reshape(&self, name: &str, dims: Vec<usize>) -> PyResult<()> {
+        guard("Workspace.tensor_reshape", || {
+            let h = self.ws.create_blob(name);
+            let mut b = h.write();
+            if !b.is_tensor() {
+                b.tensor_mut();
+            }
+            let t = host_tensor_mut(name, &mut b)?;
+            let dtype = t.dtype();
+            if !t.try_reshape_in_place(dtype, &dims) {
+                t.try_resize(&dims).py()?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Makes blob `name` a tensor of `dims` and TensorProto data type `data_type` (Caffe2's
+    /// `TensorCPU.init`), zero-filled; strings cannot be made this way.
+    fn tensor_init(&self, name: &str, dims: Vec<usize>, data_type: i64) -> PyResult<()> {
+        guard("Workspace.tensor_init", || {
+            let dtype = DataType::from_proto(data_type).py()?;
+            if dtype == DataType::String {
+                return Err(PyRuntimeError::new_err(format!(
+                    "blob '{name}': a string tensor cannot be initialized from Python (feed \
+                     its values instead)"
+                )));
+            }
+            let h = self.ws.create_blob(name);
+            let mut b = h.write();
+            match &mut *b {
+                Blob::Tensor(old) if old.is_host() => {
+                    old.try_reset(dtype, &dims).py()?;
+                    // A reused buffer keeps old bytes: start from zeros, as a new one does.
+                    old.bytes_mut().fill(0);
+                }
+                other => *other = Blob::Tensor(Tensor::try_new(dtype, &dims).py()?),
+            }
+            Ok(())
+        })
+    }
+
+    /// The bytes blob `name` holds (Caffe2's `GetBlobSizeBytes`): elements times their size,
+    /// plus the characters of a string tensor; 0 for anything but a tensor.
+    fn blob_nbytes(&self, name: &str) -> PyResult<usize> {
+        guard("Workspace.blob_nbytes", || {
+            let h = self.ws.blob(name).py()?;
+            let b = h.read();
+            let Some(t) = b.tensor() else {
+                return Ok(0);
+            };
+            let mut n = t.numel().saturating_mul(t.dtype().item_size());
+            if t.dtype() == DataType::String {
+                let chars: usize = t.as_strings().py()?.iter().map(Vec::len).sum();
+                n = n.saturating_add(chars);
+            }
+            Ok(n)
+        })
+    }
+
     #[new]
     fn new() -> PyResult<Self> {
         guard_ok("Workspace", || PyWorkspace {
@@ -383,7 +513,36 @@ fn kernel_types() -> PyResult<Vec<String>> {
     })
 }
 
+/// The serialized NetDef `net` rewritten by the transform registered as `name` (Caffe2's
+/// `ApplyTransform`); an unknown name is a RuntimeError.
+#[pyfunction]
+fn apply_transform<'py>(py: Python<'py>, name: &str, net: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+    guard("apply_transform", || {
+        let def: NetDef = proto::decode(net).py()?;
+        let out = ferrocaffe::graph::transform::apply(name, &def).py()?;
+        Ok(PyBytes::new(py, &proto::encode(&out)))
+    })
+}
+
+/// `(flops, bytes_written, bytes_read)` of the serialized OperatorDef `op` over inputs of
+/// these `(dims, item_size)` shapes (Caffe2's `get_operator_cost`).
+#[pyfunction]
+fn operator_cost(op: &[u8], inputs: Vec<(Vec<u64>, u64)>) -> PyResult<(u64, u64, u64)> {
+    guard("operator_cost", || {
+        use ferrocaffe::schema::cost::{op_cost, InputShape};
+        let def: OperatorDef = proto::decode(op).py()?;
+        let shapes: Vec<InputShape> = inputs
+            .into_iter()
+            .map(|(dims, item_size)| InputShape { dims, item_size })
+            .collect();
+        let c = op_cost(&def, &shapes).py()?;
+        Ok((c.flops, c.bytes_written, c.bytes_read))
+    })
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(apply_transform, m)?)?;
+    m.add_function(wrap_pyfunction!(operator_cost, m)?)?;
     m.add_class::<PyWorkspace>()?;
     m.add_class::<TensorBuffer>()?;
     m.add_function(wrap_pyfunction!(kernel_types, m)?)?;

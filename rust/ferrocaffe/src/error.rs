@@ -282,9 +282,17 @@ impl Error {
 
     /// This error with its message rewritten by `f` (given the displayed text), e.g. to say
     /// where it happened. An error of a kind Caffe2 enforced ([`ErrorKind::is_enforce_not_met`])
-    /// or an [`Error::OutOfMemory`] keeps its kind; any other becomes an [`Error::Runtime`], as
-    /// Caffe2's C++ reported every failure inside a net it ran.
+    /// or an [`Error::OutOfMemory`] keeps its kind; an [`Error::External`] keeps its source
+    /// (`f` rewrites its context); any other becomes an [`Error::Runtime`], as Caffe2's C++
+    /// reported every failure inside a net it ran.
     pub fn map_message(self, f: impl FnOnce(String) -> String) -> Error {
+        // A callback's error keeps its source (the binding raises the original exception).
+        if let Error::External { context, source } = self {
+            return Error::External {
+                context: f(context),
+                source,
+            };
+        }
         let kind = self.kind();
         let msg = f(self.to_string());
         let keep = kind.is_enforce_not_met() || kind == ErrorKind::OutOfMemory;
@@ -540,6 +548,16 @@ mod tests {
 
     #[test]
     fn map_message_keeps_enforced_kinds_and_makes_the_rest_runtime() {
+        let e = Error::External {
+            context: "calling f".into(),
+            source: "boom".into(),
+        }
+        .map_message(|m| format!("{m} [op]"));
+        assert!(
+            matches!(&e, Error::External { context, source } if context == "calling f [op]"
+                && source.to_string() == "boom"),
+            "{e}"
+        );
         let e = Error::ShapeMismatch("bad".into()).map_message(|m| format!("{m} [step 3]"));
         assert!(matches!(e, Error::ShapeMismatch(m) if m == "bad [step 3]"));
         let e = Error::OutOfMemory("big".into()).map_message(|m| format!("{m}!"));

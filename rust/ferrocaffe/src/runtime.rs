@@ -20,6 +20,7 @@ pub fn builtin_registry() -> Registry {
     crate::net::control::register(&mut r);
     crate::rnn::register(&mut r);
     crate::collective::register(&mut r);
+    crate::ops::host::register(&mut r);
     // Last: CUDA kernels, and the CPU fallback on CUDA for every type registered above.
     crate::cuda::register(&mut r);
     r

@@ -36,6 +36,7 @@ pub mod netio;
 pub mod ssa;
 mod ssa_wire;
 pub mod surgery;
+pub mod transform;
 pub mod wire;
 
 pub use intern::{BlobId, FxHashMap, FxHasher, Names};

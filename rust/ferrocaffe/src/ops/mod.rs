@@ -3,5 +3,6 @@
 
 pub mod args;
 pub mod cpu;
+pub mod host;
 pub mod operator;
 pub mod registry;
