@@ -15,7 +15,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from ferrocaffe import _native
+from ferrocaffe import _native, torch_ops
 from ferrocaffe.proto import caffe2_pb2
 
 __all__ = [
@@ -448,3 +448,7 @@ def IsImmediate():
 def RegisteredOperators():
     """Every operator type the engine knows (with a kernel or a schema), sorted."""
     return sorted(set(_native.kernel_types()) | set(_native.registered_operators()))
+
+
+# Caffe2 exported some operators to PyTorch (torch.ops._caffe2.*) when its library loaded.
+torch_ops.install()

@@ -116,6 +116,10 @@ pub mod sigmoid_xent;
 pub mod sparse;
 pub mod sparse_optim;
 pub mod unary_grad;
+pub mod reduce_front_back;
+pub mod segment;
+pub mod fused_rowwise;
+pub mod utility;
 
 use super::registry::Registry;
 
@@ -156,4 +160,8 @@ pub fn register_all(r: &mut Registry) {
     pad_image::register(r);
     rowwise_optim::register(r);
     unary_grad::register(r);
+    reduce_front_back::register(r);
+    segment::register(r);
+    fused_rowwise::register(r);
+    utility::register(r);
 }
