@@ -408,11 +408,13 @@ def _red_cases():
     seg = const([0, 0, 1, 3, 3, 3])
     cases = {}
     for t in ("ReduceFrontSum", "ReduceFrontMean", "ReduceBackSum", "ReduceBackMean"):
-        # LENGTHS: one per output, each at most the reduced size (3).
+        # LENGTHS: one per output, each at most the reduced size (3); a zero length leaves a
+        # sum at 0 (and makes a mean 0 / 0, as in Caffe2).
         shape = (3, 4) if t.startswith("ReduceFront") else (4, 3)
+        lengths = [3, 1, 0, 2] if t.endswith("Sum") else [3, 1, 2, 2]
         cases[t] = [
             _c(t, [("X", x4)], args={"num_reduce_dim": 2}),
-            _c(t, [("X", uniform(shape)), ("LENGTHS", const([3, 1, 0, 2]))], variant="lengths"),
+            _c(t, [("X", uniform(shape)), ("LENGTHS", const(lengths))], variant="lengths"),
         ]
     for t in ("ReduceFrontMax", "ReduceBackMax"):
         cases[t] = [_c(t, [("X", distinct((3, 2, 4)))], args={"num_reduce_dim": 1})]
