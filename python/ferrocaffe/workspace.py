@@ -29,6 +29,7 @@ __all__ = [
     "FetchBlob",
     "FetchBlobs",
     "GetCuDNNVersion",
+    "GetNetName",
     "GlobalInit",
     "IsImmediate",
     "HasBlob",
@@ -125,6 +126,17 @@ def StringifyNetName(name):
     if isinstance(name, caffe2_pb2.NetDef):
         return name.name
     return str(name)
+
+
+def GetNetName(net):
+    """The name of a net given as a name, a ``core.Net`` or a ``NetDef``; an error otherwise."""
+    if isinstance(net, str):
+        return net
+    if type(net).__name__ in ("Net", "NetWithShapeInference"):
+        return net.Name()
+    if isinstance(net, caffe2_pb2.NetDef):
+        return net.name
+    raise Exception(f"Not a Net object: {net!s}")
 
 
 def StringifyProto(obj):

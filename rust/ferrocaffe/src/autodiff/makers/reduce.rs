@@ -28,7 +28,12 @@ pub fn register(r: &mut Registry) {
         single("SumElementsGradient", &[I(0), GO(0)], &[GI(0)]),
     );
     // Front/back reductions: (dY, X[, Y for max][, LENGTHS]) -> dX.
-    for t in ["ReduceFrontSum", "ReduceFrontMean", "ReduceBackSum", "ReduceBackMean"] {
+    for t in [
+        "ReduceFrontSum",
+        "ReduceFrontMean",
+        "ReduceBackSum",
+        "ReduceBackMean",
+    ] {
         r.register_maker(t, |ctx: &mut MakerCtx<'_>| front_back(ctx, false));
     }
     for t in ["ReduceFrontMax", "ReduceBackMax"] {

@@ -84,7 +84,12 @@ fn sparse(ctx: &mut MakerCtx<'_>, grad_type: &str) -> Result<Vec<OperatorDef>> {
 
 /// `SortedSegmentRange<R>`: `<type>Gradient` reading (dY, DATA, Y, SEGMENT_IDS).
 fn range(ctx: &mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> {
-    let ins = vec![grad_out(ctx, 0)?, input(ctx, 0)?, output(ctx, 0)?, input(ctx, 1)?];
+    let ins = vec![
+        grad_out(ctx, 0)?,
+        input(ctx, 0)?,
+        output(ctx, 0)?,
+        input(ctx, 1)?,
+    ];
     let gi = grad_in(ctx, 0)?;
     let t = format!("{}Gradient", ctx.def.r#type());
     Ok(vec![gop(&t, ins, vec![gi], vec![])])

@@ -145,12 +145,9 @@ fn row_indices(t: &Tensor, bound: usize) -> Result<Vec<usize>> {
     t.to_i64_vec()?
         .into_iter()
         .map(|i| {
-            usize::try_from(i)
-                .ok()
-                .filter(|&u| u < bound)
-                .ok_or_else(|| {
-                    err!(BadArgument: "Index {i} is out of bounds: expected 0 <= index < {bound}")
-                })
+            usize::try_from(i).ok().filter(|&u| u < bound).ok_or_else(
+                || err!(BadArgument: "Index {i} is out of bounds: expected 0 <= index < {bound}"),
+            )
         })
         .collect()
 }
@@ -295,6 +292,9 @@ mod tests {
         let g = OperatorDef::new("GatherFused8BitRowwise", ["q", "i"], ["g"]);
         ws.run_operator_once(&g).unwrap();
         let g = ws.fetch("g").unwrap();
-        assert_eq!(g.as_slice::<f32>().unwrap(), &back.as_slice::<f32>().unwrap()[3..]);
+        assert_eq!(
+            g.as_slice::<f32>().unwrap(),
+            &back.as_slice::<f32>().unwrap()[3..]
+        );
     }
 }

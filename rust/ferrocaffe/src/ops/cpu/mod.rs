@@ -88,6 +88,7 @@ pub mod elementwise_linear;
 pub mod fc;
 pub mod fill;
 pub mod fp16;
+pub mod fused_rowwise;
 pub mod group_norm;
 pub mod im2col;
 #[cfg(test)]
@@ -107,18 +108,17 @@ pub(crate) mod par;
 pub mod pool;
 pub mod queue;
 pub mod reduce;
+pub mod reduce_front_back;
 pub mod resize;
 pub mod rng;
 pub mod rnn_units;
 pub mod rowwise_optim;
+pub mod segment;
 pub mod shape;
 pub mod sigmoid_xent;
 pub mod sparse;
 pub mod sparse_optim;
 pub mod unary_grad;
-pub mod reduce_front_back;
-pub mod segment;
-pub mod fused_rowwise;
 pub mod utility;
 
 use super::registry::Registry;

@@ -51,10 +51,14 @@ pub fn register(r: &mut Registry) {
         Ok(Box::new(FnOp(|c: &mut OpContext<'_>| batch_max(c, false))))
     });
     r.cpu("RowwiseMaxGradient", |_| {
-        Ok(Box::new(FnOp(|c: &mut OpContext<'_>| batch_max_grad(c, true))))
+        Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
+            batch_max_grad(c, true)
+        })))
     });
     r.cpu("ColwiseMaxGradient", |_| {
-        Ok(Box::new(FnOp(|c: &mut OpContext<'_>| batch_max_grad(c, false))))
+        Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
+            batch_max_grad(c, false)
+        })))
     });
 }
 
@@ -74,9 +78,8 @@ struct FrontBack {
 
 fn create(init: &OpInit<'_>, red: Red, front: bool, gradient: bool) -> Result<Box<dyn Operator>> {
     let k = init.args.int("num_reduce_dim", 1)?;
-    let num_reduce_dim = usize::try_from(k).map_err(|_| {
-        err!(BadArgument: "num_reduce_dim must be non-negative, got {k}")
-    })?;
+    let num_reduce_dim = usize::try_from(k)
+        .map_err(|_| err!(BadArgument: "num_reduce_dim must be non-negative, got {k}"))?;
     Ok(Box::new(FrontBack {
         red,
         front,
@@ -116,12 +119,9 @@ fn read_lengths(t: &Tensor, n_out: usize, bound: usize) -> Result<Vec<usize>> {
     t.to_i64_vec()?
         .into_iter()
         .map(|l| {
-            usize::try_from(l)
-                .ok()
-                .filter(|&u| u <= bound)
-                .ok_or_else(|| {
-                    err!(BadArgument: "length {l} out of range [0, {bound}] of the reduced size")
-                })
+            usize::try_from(l).ok().filter(|&u| u <= bound).ok_or_else(
+                || err!(BadArgument: "length {l} out of range [0, {bound}] of the reduced size"),
+            )
         })
         .collect()
 }
@@ -195,19 +195,19 @@ impl FrontBack {
         let dy_t = ins.tensor(0)?;
         let second = ins.tensor(1)?;
         let is_max = self.red == Red::Max;
-        let dims: Vec<usize> =
-            if !is_max && second.dtype() == DataType::Int64 && second.ndim() == 1 {
-                second
-                    .as_slice::<i64>()?
-                    .iter()
-                    .map(|&d| {
-                        usize::try_from(d)
-                            .map_err(|_| err!(BadArgument: "negative dimension {d} in the shape"))
-                    })
-                    .collect::<Result<_>>()?
-            } else {
-                second.dims().to_vec()
-            };
+        let dims: Vec<usize> = if !is_max && second.dtype() == DataType::Int64 && second.ndim() == 1
+        {
+            second
+                .as_slice::<i64>()?
+                .iter()
+                .map(|&d| {
+                    usize::try_from(d)
+                        .map_err(|_| err!(BadArgument: "negative dimension {d} in the shape"))
+                })
+                .collect::<Result<_>>()?
+        } else {
+            second.dims().to_vec()
+        };
         let (rows, cols, out_dims) = split(&dims, self.num_reduce_dim, self.front)?;
         let (n_out, reduced) = if self.front {
             (cols, rows)
@@ -353,11 +353,17 @@ mod tests {
         ws.feed("l", Tensor::from_vec(&[3], vec![1i32, 2, 0]).unwrap());
         ws.run_operator_once(&OperatorDef::new("ReduceFrontSum", ["x", "l"], ["y"]))
             .unwrap();
-        assert_eq!(ws.fetch("y").unwrap().as_slice::<f32>().unwrap(), &[0.0, 5.0, 0.0]);
+        assert_eq!(
+            ws.fetch("y").unwrap().as_slice::<f32>().unwrap(),
+            &[0.0, 5.0, 0.0]
+        );
         ws.feed("lb", Tensor::from_vec(&[2], vec![2i32, 3]).unwrap());
         ws.run_operator_once(&OperatorDef::new("ReduceBackMean", ["x", "lb"], ["z"]))
             .unwrap();
-        assert_eq!(ws.fetch("z").unwrap().as_slice::<f32>().unwrap(), &[0.5, 4.0]);
+        assert_eq!(
+            ws.fetch("z").unwrap().as_slice::<f32>().unwrap(),
+            &[0.5, 4.0]
+        );
         let bad = Tensor::from_vec(&[3], vec![1i32, 9, 0]).unwrap();
         ws.feed("l", bad);
         let e = ws

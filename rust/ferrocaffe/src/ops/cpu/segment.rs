@@ -22,7 +22,9 @@ pub fn register(r: &mut Registry) {
     let plain: [(&str, Factory); 8] = [
         ("SortedSegmentSum", |i| create(i, Kind::Sum, false, true)),
         ("SortedSegmentMean", |i| create(i, Kind::Mean, false, true)),
-        ("SparseSortedSegmentSum", |i| create(i, Kind::Sum, true, true)),
+        ("SparseSortedSegmentSum", |i| {
+            create(i, Kind::Sum, true, true)
+        }),
         ("SparseSortedSegmentMean", |i| {
             create(i, Kind::Mean, true, true)
         }),
@@ -59,11 +61,7 @@ pub fn register(r: &mut Registry) {
     });
     r.cpu_many(
         &["SortedSegmentMeanGradient", "UnsortedSegmentMeanGradient"],
-        |_| {
-            Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
-                per_id_grad(c, true)
-            })))
-        },
+        |_| Ok(Box::new(FnOp(|c: &mut OpContext<'_>| per_id_grad(c, true)))),
     );
     // (dY, DATA, Y, SEGMENT_IDS) -> dDATA.
     for (name, kind) in [
@@ -276,7 +274,9 @@ fn reduce_range(kind: Kind, x: &[f32], n: usize, out: &mut [f32]) {
             Kind::RangeSum => col.sum(),
             Kind::RangeMean => col.sum::<f32>() / n as f32,
             Kind::LogSumExp | Kind::LogMeanExp => {
-                let m = (0..n).map(|r| x[r * block + j]).fold(f32::NEG_INFINITY, f32::max);
+                let m = (0..n)
+                    .map(|r| x[r * block + j])
+                    .fold(f32::NEG_INFINITY, f32::max);
                 let s: f32 = col.map(|v| (v - m).exp()).sum();
                 let s = if kind == Kind::LogMeanExp {
                     s / n as f32
@@ -377,12 +377,9 @@ fn length_ranges(t: &Tensor, n_rows: usize) -> Result<Vec<(usize, usize)>> {
     let mut out = Vec::with_capacity(lens.len());
     let mut at = 0usize;
     for l in lens {
-        let end = at
-            .checked_add(l)
-            .filter(|&e| e <= n_rows)
-            .ok_or_else(|| {
-                err!(BadArgument: "the sum of LENGTHS exceeds the {n_rows} rows of DATA")
-            })?;
+        let end = at.checked_add(l).filter(|&e| e <= n_rows).ok_or_else(
+            || err!(BadArgument: "the sum of LENGTHS exceeds the {n_rows} rows of DATA"),
+        )?;
         out.push((at, end));
         at = end;
     }
@@ -434,7 +431,11 @@ fn lengths_max_grad(ctx: &mut OpContext<'_>) -> Result<()> {
         for r in a..b {
             for j in 0..block {
                 let o = s * block + j;
-                dx[r * block + j] = if xs[r * block + j] == y[o] { dy[o] } else { 0.0 };
+                dx[r * block + j] = if xs[r * block + j] == y[o] {
+                    dy[o]
+                } else {
+                    0.0
+                };
             }
         }
     }
@@ -450,16 +451,25 @@ mod tests {
     #[test]
     fn sorted_and_sparse_segments() {
         let ws = Workspace::new();
-        ws.feed("x", Tensor::from_vec(&[3, 1], vec![1.0f32, 2.0, 4.0]).unwrap());
+        ws.feed(
+            "x",
+            Tensor::from_vec(&[3, 1], vec![1.0f32, 2.0, 4.0]).unwrap(),
+        );
         ws.feed("s", Tensor::from_vec(&[3], vec![0i32, 0, 2]).unwrap());
         ws.run_operator_once(&OperatorDef::new("SortedSegmentMean", ["x", "s"], ["y"]))
             .unwrap();
-        assert_eq!(ws.fetch("y").unwrap().as_slice::<f32>().unwrap(), &[1.5, 0.0, 4.0]);
+        assert_eq!(
+            ws.fetch("y").unwrap().as_slice::<f32>().unwrap(),
+            &[1.5, 0.0, 4.0]
+        );
         ws.feed("i", Tensor::from_vec(&[2], vec![2i64, 2]).unwrap());
         ws.feed("u", Tensor::from_vec(&[2], vec![1i32, 0]).unwrap());
         let op = OperatorDef::new("SparseUnsortedSegmentSum", ["x", "i", "u"], ["z"]);
         ws.run_operator_once(&op).unwrap();
-        assert_eq!(ws.fetch("z").unwrap().as_slice::<f32>().unwrap(), &[4.0, 4.0]);
+        assert_eq!(
+            ws.fetch("z").unwrap().as_slice::<f32>().unwrap(),
+            &[4.0, 4.0]
+        );
         ws.feed("bad", Tensor::from_vec(&[3], vec![1i32, 0, 0]).unwrap());
         let e = ws
             .run_operator_once(&OperatorDef::new("SortedSegmentSum", ["x", "bad"], ["y"]))

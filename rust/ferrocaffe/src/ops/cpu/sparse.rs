@@ -255,7 +255,11 @@ fn create_batch_gather_gradient(init: &OpInit<'_>) -> Result<Box<dyn Operator>> 
         out.fill(0.0);
         let mut k = 0;
         for o in 0..outer {
-            let block = if match_outer { &idx[o * per..(o + 1) * per] } else { &idx[..] };
+            let block = if match_outer {
+                &idx[o * per..(o + 1) * per]
+            } else {
+                &idx[..]
+            };
             for &i in block {
                 let dst = (o * d[ax] + i) * inner;
                 out[dst..dst + inner]
@@ -632,15 +636,14 @@ fn scatter_weighted_sum(ctx: &mut OpContext<'_>) -> Result<()> {
     }
     let out = ctx.output(0)?;
     let (n_rows, block) = rows(out)?;
-    let rows_at: Vec<usize> = idx
-        .iter()
-        .map(|&i| {
-            usize::try_from(i)
-                .ok()
-                .filter(|&i| i < n_rows)
-                .ok_or_else(|| err!(BadArgument: "Index out of bounds: {i}, range 0 to {n_rows}"))
-        })
-        .collect::<Result<_>>()?;
+    let rows_at: Vec<usize> =
+        idx.iter()
+            .map(|&i| {
+                usize::try_from(i).ok().filter(|&i| i < n_rows).ok_or_else(
+                    || err!(BadArgument: "Index out of bounds: {i}, range 0 to {n_rows}"),
+                )
+            })
+            .collect::<Result<_>>()?;
     for (x, _) in &terms {
         if x.numel() != idx.len() * block || x.dtype() != out.dtype() {
             bail!(

@@ -13,7 +13,9 @@ pub fn register(r: &mut Registry) {
     r.cpu("NanCheck", |_| Ok(Box::new(FnOp(nan_check))));
     r.cpu("LengthsGather", |_| Ok(Box::new(FnOp(lengths_gather))));
     r.cpu("LengthsToRanges", |_| Ok(Box::new(FnOp(lengths_to_ranges))));
-    r.cpu("LengthsRangeFill", |_| Ok(Box::new(FnOp(lengths_range_fill))));
+    r.cpu("LengthsRangeFill", |_| {
+        Ok(Box::new(FnOp(lengths_range_fill)))
+    });
     r.cpu("Range", |_| Ok(Box::new(FnOp(range))));
     r.cpu("SparseLengthsPositionalWeightedSum", |_| {
         Ok(Box::new(FnOp(positional_weighted_sum)))
@@ -85,7 +87,9 @@ fn lengths_gather(ctx: &mut OpContext<'_>) -> Result<()> {
             usize::try_from(i)
                 .ok()
                 .filter(|&u| u < lens.len())
-                .ok_or_else(|| err!(BadArgument: "index {i} out of range of {} lengths", lens.len()))
+                .ok_or_else(
+                    || err!(BadArgument: "index {i} out of range of {} lengths", lens.len()),
+                )
         })
         .collect::<Result<_>>()?;
     let total: usize = picks.iter().map(|&p| lens[p]).sum();
@@ -113,7 +117,8 @@ fn lengths_to_ranges(ctx: &mut OpContext<'_>) -> Result<()> {
     let y = outs.tensor(0)?.try_ensure::<i32>(&[lens.len(), 2])?;
     let mut at = 0usize;
     for (k, &l) in lens.iter().enumerate() {
-        let off = i32::try_from(at).map_err(|_| err!(BadArgument: "offset {at} overflows int32"))?;
+        let off =
+            i32::try_from(at).map_err(|_| err!(BadArgument: "offset {at} overflows int32"))?;
         y[2 * k] = off;
         y[2 * k + 1] = i32::try_from(l).map_err(|_| err!(BadArgument: "length {l} overflows"))?;
         at += l;
@@ -258,9 +263,9 @@ fn positional_weighted_sum(ctx: &mut OpContext<'_>) -> Result<()> {
             bail!(BadArgument: "length {l} exceeds the {} positional WEIGHTS", w.len());
         }
         for &wv in w.iter().take(l) {
-            let r = *idx.get(k).ok_or_else(|| {
-                err!(ShapeMismatch: "the sum of LENGTHS exceeds the {} INDICES", idx.len())
-            })?;
+            let r = *idx.get(k).ok_or_else(
+                || err!(ShapeMismatch: "the sum of LENGTHS exceeds the {} INDICES", idx.len()),
+            )?;
             for (o, v) in y[s * block..(s + 1) * block]
                 .iter_mut()
                 .zip(&xs[r * block..(r + 1) * block])
@@ -295,7 +300,10 @@ mod tests {
         ws.feed("c", Tensor::scalar(3i64));
         ws.run_operator_once(&OperatorDef::new("Range", ["a", "b", "c"], ["y"]))
             .unwrap();
-        assert_eq!(ws.fetch("y").unwrap().as_slice::<i64>().unwrap(), &[2, 5, 8]);
+        assert_eq!(
+            ws.fetch("y").unwrap().as_slice::<i64>().unwrap(),
+            &[2, 5, 8]
+        );
         ws.feed("z", Tensor::scalar(0i64));
         let e = ws
             .run_operator_once(&OperatorDef::new("Range", ["a", "b", "z"], ["y"]))
@@ -310,6 +318,9 @@ mod tests {
         );
         ws.run_operator_once(&OperatorDef::new("LengthsRangeFill", ["l"], ["f"]))
             .unwrap();
-        assert_eq!(ws.fetch("f").unwrap().as_slice::<i32>().unwrap(), &[0, 1, 0]);
+        assert_eq!(
+            ws.fetch("f").unwrap().as_slice::<i32>().unwrap(),
+            &[0, 1, 0]
+        );
     }
 }
