@@ -402,6 +402,70 @@ def _pool_cases(op_type):
     return cases
 
 
+def _red_cases():
+    """Front/back and norm reductions, segment reductions, BatchGather, NanCheck."""
+    x4 = uniform((3, 2, 4))
+    seg = const([0, 0, 1, 3, 3, 3])
+    cases = {}
+    for t in ("ReduceFrontSum", "ReduceFrontMean", "ReduceBackSum", "ReduceBackMean"):
+        # LENGTHS: one per output, each at most the reduced size (3); a zero length leaves a
+        # sum at 0 (and makes a mean 0 / 0, as in Caffe2).
+        shape = (3, 4) if t.startswith("ReduceFront") else (4, 3)
+        lengths = [3, 1, 0, 2] if t.endswith("Sum") else [3, 1, 2, 2]
+        cases[t] = [
+            _c(t, [("X", x4)], args={"num_reduce_dim": 2}),
+            _c(t, [("X", uniform(shape)), ("LENGTHS", const(lengths))], variant="lengths"),
+        ]
+    for t in ("ReduceFrontMax", "ReduceBackMax"):
+        cases[t] = [_c(t, [("X", distinct((3, 2, 4)))], args={"num_reduce_dim": 1})]
+    cases["ReduceL1"] = [_c("ReduceL1", [("X", away_from_zero((2, 3)))], args={"axes": [1]})]
+    cases["ReduceL2"] = [_c("ReduceL2", [("X", uniform((2, 3, 2)))], args={"axes": [0, 2]})]
+    cases["RowwiseMax"] = [_c("RowwiseMax", [("X", distinct((2, 3, 4)))])]
+    cases["ColwiseMax"] = [_c("ColwiseMax", [("X", distinct((2, 3, 4)))])]
+    for r in ("Sum", "Mean"):
+        cases["SortedSegment" + r] = [
+            _c("SortedSegment" + r, [("DATA", uniform((6, 2))), ("SEGMENT_IDS", seg)])
+        ]
+        for order, ids in (("Sorted", seg), ("Unsorted", const([1, 0, 3, 1, 0, 1]))):
+            t = f"Sparse{order}Segment{r}"
+            cases[t] = [
+                _c(
+                    t,
+                    [
+                        ("DATA", uniform((4, 2))),
+                        ("INDICES", const([3, 0, 3, 1, 2, 0])),
+                        ("SEGMENT_IDS", ids),
+                    ],
+                )
+            ]
+    for r in ("Sum", "Mean", "LogSumExp", "LogMeanExp"):
+        t = "SortedSegmentRange" + r
+        cases[t] = [_c(t, [("DATA", uniform((6, 2))), ("SEGMENT_IDS", seg)])]
+    cases["SortedSegmentRangeMax"] = [
+        _c("SortedSegmentRangeMax", [("DATA", distinct((6, 2))), ("SEGMENT_IDS", seg)])
+    ]
+    cases["LengthsMax"] = [
+        _c("LengthsMax", [("DATA", distinct((6, 2))), ("LENGTHS", const([2, 0, 4]))])
+    ]
+    cases["BatchGather"] = [
+        _c("BatchGather", [("DATA", uniform((2, 4, 3))), ("INDICES", const([[0, 3], [3, 1]]))]),
+        _c(
+            "BatchGather",
+            [("DATA", uniform((2, 4, 3))), ("INDICES", const([[0, 3, 3], [1, 1, 2]]))],
+            args={"match_outer": 1},
+            variant="match_outer",
+        ),
+    ]
+    cases["UnsortedSegmentMean"] = [
+        _c(
+            "UnsortedSegmentMean",
+            [("DATA", uniform((6, 2))), ("SEGMENT_IDS", const([2, 0, 2, 1, 0, 2]))],
+        )
+    ]
+    cases["NanCheck"] = [_c("NanCheck", [("X", uniform((3, 2)))])]
+    return cases
+
+
 SPECS = {
     # -- elementwise arithmetic
     "Add": _binary("Add"),
@@ -896,6 +960,7 @@ SPECS = {
     **_rnn_unit_cases(),
     # -- sparse and segment ops (Gather and the SparseLengths* gradients are GradientSlices)
     **_lengths_cases(),
+    **_red_cases(),
 }
 
 

@@ -388,7 +388,11 @@ def test_checker_argument_errors_and_inferred_outputs():
     x, w, b = (np.full(s, 0.5, np.float32) for s in [(2, 3), (4, 3), (4,)])
     ok, grad, _ = checker.CheckSimple(fc, [x, w, b], 1, [0], ensure_outputs_are_inferred=True)
     assert ok and grad.shape == w.shape
-    with pytest.raises(ValueError, match="FC has 3 inputs, 2 arrays were given"):
+    with pytest.raises(ValueError, match="FC has 3 inputs, 4 arrays were given"):
+        checker.CheckSimple(fc, [x, w, b, b], 0, [0])
+    # Fewer arrays feed the first inputs only, as in Caffe2: b is not in the checker's
+    # workspace, so running FC fails.
+    with pytest.raises(RuntimeError, match="b"):
         checker.CheckSimple(fc, [x, w], 0, [0])
     xent = core.CreateOperator("LabelCrossEntropy", ["P", "label"], ["Y"])
     with pytest.raises(ValueError, match=r"input 1 \(label\) of LabelCrossEntropy has no gradient"):

@@ -19,7 +19,7 @@ from collections import defaultdict
 import numpy as np
 
 from ferrocaffe import _import_c_extension as C
-from ferrocaffe import _native
+from ferrocaffe import _native, torch_ops
 from ferrocaffe.proto import caffe2_pb2
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "GetBlobSizeBytes",
     "GetOperatorCost",
     "GetCuDNNVersion",
+    "GetNetName",
     "GlobalInit",
     "ApplyTransform",
     "ApplyTransformIfFaster",
@@ -136,6 +137,17 @@ def StringifyNetName(name):
     if isinstance(name, caffe2_pb2.NetDef):
         return name.name
     return str(name)
+
+
+def GetNetName(net):
+    """The name of a net given as a name, a ``core.Net`` or a ``NetDef``; an error otherwise."""
+    if isinstance(net, str):
+        return net
+    if type(net).__name__ in ("Net", "NetWithShapeInference"):
+        return net.Name()
+    if isinstance(net, caffe2_pb2.NetDef):
+        return net.name
+    raise Exception(f"Not a Net object: {net!s}")
 
 
 def StringifyProto(obj):
@@ -758,3 +770,7 @@ def WorkspaceGuard(workspace_name):
         yield
     finally:
         SwitchWorkspace(previous)
+
+
+# Caffe2 exported some operators to PyTorch (torch.ops._caffe2.*) when its library loaded.
+torch_ops.install()

@@ -9,6 +9,7 @@ mod misc;
 mod nn;
 mod reduce;
 mod rnn;
+mod segment;
 mod shape;
 mod sparse;
 mod util;
@@ -28,4 +29,5 @@ pub fn register_all(registry: &mut Registry) {
     loss::register(registry);
     rnn::register(registry);
     misc::register(registry);
+    segment::register(registry);
 }

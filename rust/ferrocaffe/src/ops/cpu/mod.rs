@@ -88,6 +88,7 @@ pub mod elementwise_linear;
 pub mod fc;
 pub mod fill;
 pub mod fp16;
+pub mod fused_rowwise;
 pub mod group_norm;
 pub mod im2col;
 #[cfg(test)]
@@ -107,10 +108,12 @@ pub(crate) mod par;
 pub mod pool;
 pub mod queue;
 pub mod reduce;
+pub mod reduce_front_back;
 pub mod resize;
 pub mod rng;
 pub mod rnn_units;
 pub mod rowwise_optim;
+pub mod segment;
 pub mod sequence_mask;
 pub mod shape;
 pub mod sigmoid_xent;
@@ -118,6 +121,7 @@ pub mod sparse;
 pub mod sparse_optim;
 pub mod two_class;
 pub mod unary_grad;
+pub mod utility;
 
 use super::registry::Registry;
 
@@ -160,4 +164,8 @@ pub fn register_all(r: &mut Registry) {
     unary_grad::register(r);
     sequence_mask::register(r);
     two_class::register(r);
+    reduce_front_back::register(r);
+    segment::register(r);
+    fused_rowwise::register(r);
+    utility::register(r);
 }

@@ -31,6 +31,10 @@ pub fn register(r: &mut Registry) {
     r.cpu("InstanceNormGradient", create_instance_norm_gradient);
     r.cpu("LayerNorm", |i| create_layer_norm(i, false));
     r.cpu("LayerNormGradient", |i| create_layer_norm(i, true));
+    // Caffe2's c10 export of the same kernel.
+    r.cpu("C10LayerNorm_DontUseThisOpYet", |i| {
+        create_layer_norm(i, false)
+    });
 }
 
 /// (n, c, inner) and whether channels are last.

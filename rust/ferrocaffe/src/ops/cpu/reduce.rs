@@ -1,4 +1,4 @@
-//! Reductions: ReduceSum / ReduceMean / ReduceMax / ReduceMin over `axes` (default all, with
+//! Reductions: ReduceSum / ReduceMean / ReduceMax / ReduceMin / ReduceL1 / ReduceL2 over `axes` (default all, with
 //! `keepdims`, default 1) and their gradients; SumSqrElements; row-wise DotProduct and
 //! SquaredL2Distance with their gradients.
 
@@ -18,6 +18,10 @@ pub fn register(r: &mut Registry) {
     r.cpu("ReduceMeanGradient", |i| create(i, Red::Mean, true));
     r.cpu("ReduceMaxGradient", |i| create(i, Red::Max, true));
     r.cpu("ReduceMinGradient", |i| create(i, Red::Min, true));
+    r.cpu("ReduceL1", |i| create(i, Red::L1, false));
+    r.cpu("ReduceL2", |i| create(i, Red::L2, false));
+    r.cpu("ReduceL1Gradient", |i| create(i, Red::L1, true));
+    r.cpu("ReduceL2Gradient", |i| create(i, Red::L2, true));
     r.cpu("SumSqrElements", |i| {
         let average = i.args.bool("average", false)?;
         Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
@@ -57,6 +61,10 @@ enum Red {
     Mean,
     Max,
     Min,
+    /// Sum of absolute values.
+    L1,
+    /// Square root of the sum of squares.
+    L2,
 }
 
 struct Reduce {
@@ -128,8 +136,13 @@ impl Operator for Reduce {
                 Red::Sum | Red::Mean => acc[iy] + v,
                 Red::Max => acc[iy].max(v),
                 Red::Min => acc[iy].min(v),
+                Red::L1 => acc[iy] + v.abs(),
+                Red::L2 => acc[iy] + v * v,
             };
         });
+        if red == Red::L2 {
+            acc.iter_mut().for_each(|a| *a = a.sqrt());
+        }
         if red == Red::Mean && count > 0 {
             for a in &mut acc {
                 *a /= count as f32;
@@ -171,6 +184,22 @@ impl Reduce {
                         dy[iy]
                     } else {
                         0.0
+                    }
+                }
+                Red::L1 => {
+                    if xs[i] > 0.0 {
+                        dy[iy]
+                    } else if xs[i] < 0.0 {
+                        -dy[iy]
+                    } else {
+                        0.0
+                    }
+                }
+                Red::L2 => {
+                    if y[iy] == 0.0 {
+                        0.0
+                    } else {
+                        dy[iy] * xs[i] / y[iy]
                     }
                 }
             };

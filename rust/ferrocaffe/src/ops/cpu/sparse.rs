@@ -14,6 +14,7 @@ use crate::{bail, err};
 /// Registers the family.
 pub fn register(r: &mut Registry) {
     r.cpu("Gather", create_gather);
+    r.cpu("BatchGather", |i| gather_with_default_axis(i, 1));
     r.cpu("BatchGatherGradient", create_batch_gather_gradient);
     for (name, kind) in [
         ("SparseLengthsSum", Red::Sum),
@@ -149,31 +150,64 @@ fn indices(t: &Tensor, bound: usize) -> Result<Vec<usize>> {
 }
 
 fn create_gather(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
-    let axis = init.args.int("axis", 0)?;
+    gather_with_default_axis(init, 0)
+}
+
+/// The gathered layout: `(axis, outer, indices per outer slice, inner, output dims)`. With
+/// `match_outer`, INDICES' leading `axis` dims must equal DATA's and each outer slice of DATA
+/// takes its own block of indices.
+fn gather_layout(
+    d: &[usize],
+    idx_dims: &[usize],
+    axis: i64,
+    match_outer: bool,
+) -> Result<(usize, usize, usize, usize, Vec<usize>)> {
+    let nd = d.len() as i64;
+    let ax = if axis < 0 { axis + nd } else { axis };
+    if ax < 0 || ax >= nd {
+        bail!(BadArgument: "axis {axis} out of range for DATA of shape {d:?}");
+    }
+    let ax = ax as usize;
+    let outer: usize = d[..ax].iter().product();
+    let inner: usize = d[ax + 1..].iter().product();
+    let mut od = d[..ax].to_vec();
+    let per = if match_outer {
+        if idx_dims.len() < ax || idx_dims[..ax] != d[..ax] {
+            bail!(
+                ShapeMismatch: "INDICES {idx_dims:?} must match the outer dims {:?} of DATA \
+                 {d:?} (match_outer)",
+                &d[..ax]
+            );
+        }
+        od.extend_from_slice(&idx_dims[ax..]);
+        idx_dims[ax..].iter().product()
+    } else {
+        od.extend_from_slice(idx_dims);
+        idx_dims.iter().product()
+    };
+    od.extend_from_slice(&d[ax + 1..]);
+    Ok((ax, outer, per, inner, od))
+}
+
+/// Gather / BatchGather (`axis` defaults to 0 and 1), with `match_outer`.
+fn gather_with_default_axis(init: &OpInit<'_>, default_axis: i64) -> Result<Box<dyn Operator>> {
+    let axis = init.args.int("axis", default_axis)?;
+    let match_outer = init.args.bool("match_outer", false)?;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let (ins, mut outs) = ctx.split();
         let data = ins.tensor(0)?;
         let idx_t = ins.tensor(1)?;
         let d = data.dims().to_vec();
-        let nd = d.len() as i64;
-        let ax = if axis < 0 { axis + nd } else { axis };
-        if ax < 0 || ax >= nd {
-            bail!(BadArgument: "axis {axis} out of range for DATA of shape {d:?}");
-        }
-        let ax = ax as usize;
+        let (ax, outer, per, inner, od) = gather_layout(&d, idx_t.dims(), axis, match_outer)?;
         let idx = indices(idx_t, d[ax])?;
-        let outer: usize = d[..ax].iter().product();
-        let inner: usize = d[ax + 1..].iter().product();
-        let mut od = d[..ax].to_vec();
-        od.extend_from_slice(idx_t.dims());
-        od.extend_from_slice(&d[ax + 1..]);
         dispatch!(data.dtype(), [Float => f32, Double => f64, Int32 => i32, Int64 => i64,
             Bool => bool, Uint8 => u8, Int8 => i8, Int16 => i16, Uint16 => u16, Float16 => half::f16], |T| {
             let src = data.as_slice::<T>()?;
-            let y = outs.tensor(0)?.ensure::<T>(&od);
+            let y = outs.tensor(0)?.try_ensure::<T>(&od)?;
             let mut k = 0;
             for o in 0..outer {
-                for &i in &idx {
+                let block = if match_outer { &idx[o * per..(o + 1) * per] } else { &idx[..] };
+                for &i in block {
                     let s = (o * d[ax] + i) * inner;
                     y[k..k + inner].copy_from_slice(&src[s..s + inner]);
                     k += inner;
@@ -189,9 +223,7 @@ fn create_gather(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
 /// GRAD blocks gathered from each position. `axis` defaults to 1, as in Caffe2.
 fn create_batch_gather_gradient(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let axis = init.args.int("axis", 1)?;
-    if init.args.bool("match_outer", false)? {
-        bail!(op = init, NotImplemented: "BatchGatherGradient with match_outer is not supported");
-    }
+    let match_outer = init.args.bool("match_outer", false)?;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let (ins, mut outs) = ctx.split();
         let data = ins.tensor(0)?;
@@ -201,15 +233,7 @@ fn create_batch_gather_gradient(init: &OpInit<'_>) -> Result<Box<dyn Operator>> 
         if d.len() < 2 {
             bail!(ShapeMismatch: "DATA should be at least 2-D, got shape {d:?}");
         }
-        let nd = d.len() as i64;
-        let ax = if axis < 0 { axis + nd } else { axis };
-        if ax < 0 || ax >= nd {
-            bail!(BadArgument: "axis {axis} out of range for DATA of shape {d:?}");
-        }
-        let ax = ax as usize;
-        let mut gd = d[..ax].to_vec();
-        gd.extend_from_slice(idx_t.dims());
-        gd.extend_from_slice(&d[ax + 1..]);
+        let (ax, outer, per, inner, gd) = gather_layout(&d, idx_t.dims(), axis, match_outer)?;
         if grad.dims() != gd.as_slice() {
             bail!(
                 ShapeMismatch: "GRAD has shape {:?}, expected {gd:?} (DATA {d:?} gathered along \
@@ -226,14 +250,17 @@ fn create_batch_gather_gradient(init: &OpInit<'_>) -> Result<Box<dyn Operator>> 
             );
         }
         let idx = indices(idx_t, d[ax])?;
-        let outer: usize = d[..ax].iter().product();
-        let inner: usize = d[ax + 1..].iter().product();
         let g = grad.as_slice::<f32>()?;
-        let out = outs.tensor(0)?.ensure::<f32>(&d);
+        let out = outs.tensor(0)?.try_ensure::<f32>(&d)?;
         out.fill(0.0);
         let mut k = 0;
         for o in 0..outer {
-            for &i in &idx {
+            let block = if match_outer {
+                &idx[o * per..(o + 1) * per]
+            } else {
+                &idx[..]
+            };
+            for &i in block {
                 let dst = (o * d[ax] + i) * inner;
                 out[dst..dst + inner]
                     .iter_mut()
@@ -300,7 +327,18 @@ fn lengths_reduce(ctx: &mut OpContext<'_>, red: Red, sparse: bool) -> Result<()>
             bail!(ShapeMismatch: "WEIGHTS has {} values, expected {n_items}", w.len());
         }
     }
-    let src = data.as_slice::<f32>()?;
+    // A float16 table is read as float (the output is float, as in Caffe2).
+    let widened: Vec<f32>;
+    let src = if data.dtype() == DataType::Float16 {
+        widened = data
+            .as_slice::<half::f16>()?
+            .iter()
+            .map(|v| v.to_f32())
+            .collect();
+        &widened[..]
+    } else {
+        data.as_slice::<f32>()?
+    };
     let mut od = data.dims().to_vec();
     od[0] = lens.len();
     let y = outs.tensor(0)?.ensure::<f32>(&od);
@@ -590,32 +628,53 @@ fn scatter_weighted_sum(ctx: &mut OpContext<'_>) -> Result<()> {
         let d = ins.tensor(0)?;
         outs.tensor(0)?.copy_from(d);
     }
-    let w0 = ctx.input(1)?.get_f64(0)? as f32;
+    let w0 = ctx.input(1)?.get_f64(0)?;
     let idx = ctx.input(2)?.to_i64_vec()?;
     let mut terms = Vec::new();
     for k in (3..n).step_by(2) {
-        terms.push((
-            ctx.input(k)?.as_slice::<f32>()?.to_vec(),
-            ctx.input(k + 1)?.get_f64(0)? as f32,
-        ));
+        terms.push((ctx.input(k)?.clone(), ctx.input(k + 1)?.get_f64(0)?));
     }
     let out = ctx.output(0)?;
     let (n_rows, block) = rows(out)?;
-    let y = out.as_mut_slice::<f32>()?;
-    for (k, &i) in idx.iter().enumerate() {
-        let i = usize::try_from(i)
-            .ok()
-            .filter(|&i| i < n_rows)
-            .ok_or_else(|| err!(BadArgument: "Index out of bounds: {i}, range 0 to {n_rows}"))?;
-        for j in 0..block {
-            let mut v = y[i * block + j] * w0;
-            for (x, w) in &terms {
-                v += w * x.get(k * block + j).copied().unwrap_or(0.0);
-            }
-            y[i * block + j] = v;
+    let rows_at: Vec<usize> =
+        idx.iter()
+            .map(|&i| {
+                usize::try_from(i).ok().filter(|&i| i < n_rows).ok_or_else(
+                    || err!(BadArgument: "Index out of bounds: {i}, range 0 to {n_rows}"),
+                )
+            })
+            .collect::<Result<_>>()?;
+    for (x, _) in &terms {
+        if x.numel() != idx.len() * block || x.dtype() != out.dtype() {
+            bail!(
+                ShapeMismatch: "each X must hold {} x {block} values of {}, got {:?} of {}",
+                idx.len(),
+                out.dtype().name(),
+                x.dims(),
+                x.dtype().name()
+            );
         }
     }
-    Ok(())
+    // As Caffe2: scale every indexed row by W0 first (a repeated index is scaled again), then
+    // add each weighted X.
+    dispatch!(out.dtype(), [Float => f32, Double => f64], |T| {
+        let y = out.as_mut_slice::<T>()?;
+        for &i in &rows_at {
+            y[i * block..(i + 1) * block].iter_mut().for_each(|v| *v *= w0 as T);
+        }
+        for (x, w) in &terms {
+            let xs = x.as_slice::<T>()?;
+            for (k, &i) in rows_at.iter().enumerate() {
+                for (o, &v) in y[i * block..(i + 1) * block]
+                    .iter_mut()
+                    .zip(&xs[k * block..(k + 1) * block])
+                {
+                    *o += *w as T * v;
+                }
+            }
+        }
+        Ok(())
+    })
 }
 
 /// Y[indices[k]] += values[k]; first dim from `like` (input 2) or max index + 1.

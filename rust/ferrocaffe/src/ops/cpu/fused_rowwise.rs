@@ -1,0 +1,300 @@
+//! 8-bit row-wise quantized embedding tables:
+//!
+//! * fused storage (`FloatToFused8BitRowwiseQuantized`, `Fused8BitRowwiseQuantizedToFloat`,
+//!   `GatherFused8BitRowwise`): each uint8 row holds its quantized values followed by its
+//!   scale and bias as two little-endian float32 (8 bytes);
+//! * separate storage (`SparseLengths{Sum,Mean}8BitsRowwise`,
+//!   `SparseLengthsWeighted{Sum,Mean}8BitsRowwise`): a uint8 table and a `[rows, 2]` float
+//!   SCALE_BIAS input.
+//!
+//! A value is `q * scale + bias`; quantizing a row uses `scale = (max - min) / 255` and
+//! `bias = min`.
+
+use crate::error::{try_vec, Result};
+use crate::ops::operator::{FnOp, OpContext};
+use crate::ops::registry::{Factory, Registry};
+use crate::tensor::{DataType, Tensor};
+use crate::{bail, err};
+
+/// Registers the family.
+pub fn register(r: &mut Registry) {
+    r.cpu("FloatToFused8BitRowwiseQuantized", |_| {
+        Ok(Box::new(FnOp(quantize)))
+    });
+    r.cpu("Fused8BitRowwiseQuantizedToFloat", |_| {
+        Ok(Box::new(FnOp(dequantize)))
+    });
+    r.cpu("GatherFused8BitRowwise", |_| Ok(Box::new(FnOp(gather))));
+    let ops: [(&str, Factory); 4] = [
+        ("SparseLengthsSum8BitsRowwise", |_| {
+            Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
+                lengths_8bit(c, false, false)
+            })))
+        }),
+        ("SparseLengthsMean8BitsRowwise", |_| {
+            Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
+                lengths_8bit(c, false, true)
+            })))
+        }),
+        ("SparseLengthsWeightedSum8BitsRowwise", |_| {
+            Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
+                lengths_8bit(c, true, false)
+            })))
+        }),
+        ("SparseLengthsWeightedMean8BitsRowwise", |_| {
+            Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
+                lengths_8bit(c, true, true)
+            })))
+        }),
+    ];
+    for (name, f) in ops {
+        r.cpu(name, f);
+    }
+}
+
+/// Bytes of a fused row's scale and bias.
+const SCALE_BIAS_BYTES: usize = 8;
+
+/// `(rows, cols)` of a tensor seen as a matrix over its last dimension.
+fn matrix(t: &Tensor, what: &str) -> Result<(usize, usize)> {
+    let cols = *t
+        .dims()
+        .last()
+        .ok_or_else(|| err!(ShapeMismatch: "{what} must be at least 1-D"))?;
+    Ok((t.numel().checked_div(cols).unwrap_or(0), cols))
+}
+
+fn quantize(ctx: &mut OpContext<'_>) -> Result<()> {
+    let (ins, mut outs) = ctx.split();
+    let x = ins.tensor(0)?;
+    if x.dtype() != DataType::Float {
+        bail!(DtypeMismatch: "input must be float, got {}", x.dtype().name());
+    }
+    let (rows, cols) = matrix(x, "input")?;
+    let xs = x.as_slice::<f32>()?;
+    let mut od = x.dims().to_vec();
+    let width = cols + SCALE_BIAS_BYTES;
+    if let Some(last) = od.last_mut() {
+        *last = width;
+    }
+    let y = outs.tensor(0)?.try_ensure::<u8>(&od)?;
+    for r in 0..rows {
+        let row = &xs[r * cols..(r + 1) * cols];
+        let out = &mut y[r * width..(r + 1) * width];
+        let lo = row.iter().copied().fold(f32::INFINITY, f32::min);
+        let hi = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let (lo, hi) = if cols == 0 { (0.0, 0.0) } else { (lo, hi) };
+        let range = hi - lo;
+        let inv = 255.0 / (range + 1e-8);
+        for (q, &v) in out[..cols].iter_mut().zip(row) {
+            *q = ((v - lo) * inv).round_ties_even().clamp(0.0, 255.0) as u8;
+        }
+        out[cols..cols + 4].copy_from_slice(&(range / 255.0).to_le_bytes());
+        out[cols + 4..].copy_from_slice(&lo.to_le_bytes());
+    }
+    Ok(())
+}
+
+/// Scale and bias stored at the end of a fused row.
+fn scale_bias(row: &[u8]) -> (f32, f32) {
+    let n = row.len() - SCALE_BIAS_BYTES;
+    let f = |at: usize| f32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]]);
+    (f(n), f(n + 4))
+}
+
+/// Columns of a fused uint8 table (its last dimension less the 8 bytes of scale and bias).
+fn fused_cols(t: &Tensor) -> Result<(usize, usize)> {
+    if t.dtype() != DataType::Uint8 {
+        bail!(DtypeMismatch: "fused 8-bit data must be uint8, got {}", t.dtype().name());
+    }
+    let (rows, width) = matrix(t, "DATA")?;
+    if width < SCALE_BIAS_BYTES {
+        bail!(
+            ShapeMismatch: "fused rows must hold at least 8 bytes of scale and bias, got {width}"
+        );
+    }
+    Ok((rows, width))
+}
+
+fn dequantize(ctx: &mut OpContext<'_>) -> Result<()> {
+    let (ins, mut outs) = ctx.split();
+    let x = ins.tensor(0)?;
+    let (rows, width) = fused_cols(x)?;
+    let cols = width - SCALE_BIAS_BYTES;
+    let xs = x.as_slice::<u8>()?;
+    let mut od = x.dims().to_vec();
+    if let Some(last) = od.last_mut() {
+        *last = cols;
+    }
+    let y = outs.tensor(0)?.try_ensure::<f32>(&od)?;
+    for r in 0..rows {
+        let row = &xs[r * width..(r + 1) * width];
+        let (scale, bias) = scale_bias(row);
+        for (o, &q) in y[r * cols..(r + 1) * cols].iter_mut().zip(row) {
+            *o = f32::from(q) * scale + bias;
+        }
+    }
+    Ok(())
+}
+
+/// Row indices of an int32/int64 input, each below `bound`.
+fn row_indices(t: &Tensor, bound: usize) -> Result<Vec<usize>> {
+    if !matches!(t.dtype(), DataType::Int32 | DataType::Int64) {
+        bail!(DtypeMismatch: "INDICES must be int32 or int64, got {}", t.dtype().name());
+    }
+    t.to_i64_vec()?
+        .into_iter()
+        .map(|i| {
+            usize::try_from(i).ok().filter(|&u| u < bound).ok_or_else(
+                || err!(BadArgument: "Index {i} is out of bounds: expected 0 <= index < {bound}"),
+            )
+        })
+        .collect()
+}
+
+/// `GatherFused8BitRowwise`: (DATA [N, D + 8] uint8, INDICES) -> dequantized rows
+/// `[len(INDICES), D]` float.
+fn gather(ctx: &mut OpContext<'_>) -> Result<()> {
+    let (ins, mut outs) = ctx.split();
+    let data = ins.tensor(0)?;
+    if data.ndim() != 2 {
+        bail!(ShapeMismatch: "DATA must be 2-D, got shape {:?}", data.dims());
+    }
+    let (rows, width) = fused_cols(data)?;
+    let cols = width - SCALE_BIAS_BYTES;
+    let idx_t = ins.tensor(1)?;
+    if idx_t.ndim() != 1 {
+        bail!(ShapeMismatch: "INDICES must be 1-D, got shape {:?}", idx_t.dims());
+    }
+    let idx = row_indices(idx_t, rows)?;
+    let xs = data.as_slice::<u8>()?;
+    let y = outs.tensor(0)?.try_ensure::<f32>(&[idx.len(), cols])?;
+    for (k, &r) in idx.iter().enumerate() {
+        let row = &xs[r * width..(r + 1) * width];
+        let (scale, bias) = scale_bias(row);
+        for (o, &q) in y[k * cols..(k + 1) * cols].iter_mut().zip(row) {
+            *o = f32::from(q) * scale + bias;
+        }
+    }
+    Ok(())
+}
+
+/// `SparseLengths[Weighted]{Sum,Mean}8BitsRowwise`: (DATA uint8 [N, D], [WEIGHTS], INDICES,
+/// LENGTHS, SCALE_BIAS [N, 2]) -> `[len(LENGTHS), D]` float.
+fn lengths_8bit(ctx: &mut OpContext<'_>, weighted: bool, mean: bool) -> Result<()> {
+    let (ins, mut outs) = ctx.split();
+    let data = ins.tensor(0)?;
+    if data.dtype() != DataType::Uint8 || data.ndim() != 2 {
+        bail!(
+            DtypeMismatch: "DATA must be a 2-D uint8 table, got {} of shape {:?}",
+            data.dtype().name(),
+            data.dims()
+        );
+    }
+    let (rows, cols) = (data.dims()[0], data.dims()[1]);
+    let at = usize::from(weighted);
+    let weights = if weighted {
+        let w = ins.tensor(1)?;
+        if w.dtype() != DataType::Float {
+            bail!(DtypeMismatch: "WEIGHTS must be float, got {}", w.dtype().name());
+        }
+        Some(w.as_slice::<f32>()?)
+    } else {
+        None
+    };
+    let idx = row_indices(ins.tensor(at + 1)?, rows)?;
+    let lens_t = ins.tensor(at + 2)?;
+    if !matches!(lens_t.dtype(), DataType::Int32 | DataType::Int64) {
+        bail!(DtypeMismatch: "LENGTHS must be int32 or int64, got {}", lens_t.dtype().name());
+    }
+    let lens = lens_t.to_i64_vec()?;
+    let sb_t = ins.tensor(at + 3)?;
+    if sb_t.dtype() != DataType::Float || sb_t.dims() != [rows, 2] {
+        bail!(
+            ShapeMismatch: "SCALE_BIAS must be float of shape [{rows}, 2], got {} {:?}",
+            sb_t.dtype().name(),
+            sb_t.dims()
+        );
+    }
+    let sb = sb_t.as_slice::<f32>()?;
+    if let Some(w) = weights {
+        if w.len() != idx.len() {
+            bail!(ShapeMismatch: "WEIGHTS has {} values, INDICES {}", w.len(), idx.len());
+        }
+    }
+    let xs = data.as_slice::<u8>()?;
+    let n_out = lens.len();
+    let total = n_out
+        .checked_mul(cols)
+        .ok_or_else(|| err!(BadArgument: "output too large"))?;
+    let mut y = try_vec(total, 0f32, "the output")?;
+    let mut item = 0usize;
+    for (s, &l) in lens.iter().enumerate() {
+        let l = usize::try_from(l).map_err(|_| err!(BadArgument: "negative length {l}"))?;
+        let end = item
+            .checked_add(l)
+            .filter(|&e| e <= idx.len())
+            .ok_or_else(|| {
+                err!(
+                    ShapeMismatch: "the sum of LENGTHS exceeds the {} INDICES",
+                    idx.len()
+                )
+            })?;
+        let out = &mut y[s * cols..(s + 1) * cols];
+        for k in item..end {
+            let r = idx[k];
+            let w = weights.map_or(1.0, |w| w[k]);
+            let (scale, bias) = (sb[2 * r] * w, sb[2 * r + 1] * w);
+            for (o, &q) in out.iter_mut().zip(&xs[r * cols..(r + 1) * cols]) {
+                *o += f32::from(q) * scale + bias;
+            }
+        }
+        if mean && l > 0 {
+            let inv = 1.0 / l as f32;
+            out.iter_mut().for_each(|v| *v *= inv);
+        }
+        item = end;
+    }
+    if item != idx.len() {
+        bail!(
+            ShapeMismatch: "Your input seems to be incorrect: the sum of lengths values should be \
+             the size of the indices tensor, but it appears not. ({item} vs {})",
+            idx.len()
+        );
+    }
+    let out = outs.tensor(0)?;
+    out.try_reset(DataType::Float, &[n_out, cols])?;
+    out.as_mut_slice::<f32>()?.copy_from_slice(&y);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::proto::OperatorDef;
+    use crate::tensor::Tensor;
+    use crate::workspace::Workspace;
+
+    #[test]
+    fn quantize_round_trip_and_gather() {
+        let ws = Workspace::new();
+        let x = vec![0.0f32, 1.0, 0.5, -2.0, 2.0, 0.0];
+        ws.feed("x", Tensor::from_vec(&[2, 3], x.clone()).unwrap());
+        let q = OperatorDef::new("FloatToFused8BitRowwiseQuantized", ["x"], ["q"]);
+        ws.run_operator_once(&q).unwrap();
+        assert_eq!(ws.fetch("q").unwrap().dims(), &[2, 11]);
+        let d = OperatorDef::new("Fused8BitRowwiseQuantizedToFloat", ["q"], ["d"]);
+        ws.run_operator_once(&d).unwrap();
+        let back = ws.fetch("d").unwrap();
+        for (a, b) in back.as_slice::<f32>().unwrap().iter().zip(&x) {
+            assert!((a - b).abs() < 0.02, "{a} vs {b}");
+        }
+        ws.feed("i", Tensor::from_vec(&[1], vec![1i32]).unwrap());
+        let g = OperatorDef::new("GatherFused8BitRowwise", ["q", "i"], ["g"]);
+        ws.run_operator_once(&g).unwrap();
+        let g = ws.fetch("g").unwrap();
+        assert_eq!(
+            g.as_slice::<f32>().unwrap(),
+            &back.as_slice::<f32>().unwrap()[3..]
+        );
+    }
+}
