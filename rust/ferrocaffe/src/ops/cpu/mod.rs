@@ -102,6 +102,7 @@ pub mod moments;
 pub mod nn;
 pub mod norm;
 pub mod optim;
+pub mod optim_more;
 pub mod pad_image;
 pub(crate) mod par;
 pub mod pool;
@@ -156,4 +157,5 @@ pub fn register_all(r: &mut Registry) {
     pad_image::register(r);
     rowwise_optim::register(r);
     unary_grad::register(r);
+    optim_more::register(r);
 }
