@@ -56,16 +56,6 @@ def sparse_model():
     return model
 
 
-def mean_dense_loss(rows, labels):
-    total = 0.0
-    for x, y in zip(rows, labels):
-        workspace.FeedBlob("data", x)
-        workspace.FeedBlob("label", y)
-        workspace.RunNet("test")
-        total += float(workspace.FetchBlob("avg_loss"))
-    return total / len(rows)
-
-
 def train_dense(model, steps):
     rng = np.random.RandomState(0)
     data = rng.randint(2, size=(20, PERFECT.size)).astype(np.float32)
@@ -176,7 +166,7 @@ def test_dense_build_and_train(name):
     aux = [str(b) for b in opt.get_auxiliary_parameters().local]
     for suffix in suffixes:
         assert {"fc_w" + suffix, "fc_b" + suffix} <= set(aux), aux
-    before, after = train_dense(model, 400)
+    before, after = train_dense(model, 200)
     assert after < 0.5 * before, (before, after)
     for blob in aux:
         assert workspace.HasBlob(blob)
@@ -188,7 +178,7 @@ def test_sparse_build_and_train(name):
     model = sparse_model()
     build(model, **kwargs)
     assert sparse_op in [op.type for op in model.net.Proto().op]
-    assert train_sparse(model, 400) < 0.5 * np.abs(PERFECT).max()
+    assert train_sparse(model, 200) < 0.5 * np.abs(PERFECT).max()
 
 
 def test_rms_prop_runs_momentum_sgd_with_a_positive_rate():
@@ -212,7 +202,8 @@ def test_storm_sparse_inputs_put_values_before_indices():
 def test_yellowfin_counts_iterations():
     model = dense_model()
     opt = build_yellowfin(model)
-    assert [str(b) for b in opt.get_auxiliary_parameters().shared] == ["optimizer_iteration"]
+    # One entry per parameter, all the one counter.
+    assert {str(b) for b in opt.get_auxiliary_parameters().shared} == {"optimizer_iteration"}
     train_dense(model, 3)
     assert workspace.FetchBlob("optimizer_iteration")[0] == 3
 

@@ -1526,16 +1526,16 @@ def _build_with(
 
 def build_ftrl(model, engine="SIMD", **kwargs):
     """FTRL for every parameter (``FtrlOptimizer(engine=engine, **kwargs)``)."""
+    # Caffe2 checked its SIMD kernels here; ferrocaffe's CPU kernels serve engine "SIMD".
     if engine == "SIMD":
-        assert core.IsOperator("Ftrl_ENGINE_SIMD")
-        assert core.IsOperator("SparseFtrl_ENGINE_SIMD")
+        assert core.IsOperator("Ftrl") and core.IsOperator("SparseFtrl")
     return _build(model, FtrlOptimizer(engine=engine, **kwargs))
 
 
 def build_gftrl(model, engine="", **kwargs):
     """Group lasso FTRL for every parameter (``GFtrlOptimizer``)."""
     if engine == "SIMD":
-        assert core.IsOperator("GFtrl_ENGINE_SIMD")
+        assert core.IsOperator("GFtrl")
     return _build(model, GFtrlOptimizer(engine=engine, **kwargs))
 
 
