@@ -129,7 +129,7 @@ fn create_ftrl(init: &OpInit<'_>, sparse: bool) -> Result<Box<dyn Operator>> {
         let alpha_at = if sparse { 4 } else { 3 };
         let p = params.with_alpha_input(ctx, alpha_at)?;
         let mut w = floats(ctx, 0)?;
-        let two_n = w.len().checked_mul(2).unwrap_or(usize::MAX);
+        let two_n = w.len().saturating_mul(2);
         check_len(ctx, 1, two_n, "two per value of var")?;
         let mut nz = floats(ctx, 1)?;
         if sparse {
@@ -168,7 +168,7 @@ fn create_gftrl(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         let p = params.with_alpha_input(ctx, 3)?;
         let rows = ctx.input(0)?.dims().first().copied().unwrap_or(1);
         let mut w = floats(ctx, 0)?;
-        let two_n = w.len().checked_mul(2).unwrap_or(usize::MAX);
+        let two_n = w.len().saturating_mul(2);
         check_len(ctx, 1, two_n, "two per value of var")?;
         check_len(ctx, 2, w.len(), "the size of var")?;
         let mut nz = floats(ctx, 1)?;
