@@ -39,11 +39,27 @@ __all__ = [
     "WeightDecayBuilder",
     "AdagradOptimizer",
     "AdamOptimizer",
+    "WngradOptimizer",
+    "StormOptimizer",
+    "AdadeltaOptimizer",
+    "FtrlOptimizer",
+    "GFtrlOptimizer",
+    "DecayAdagradOptimizer",
+    "YellowFinOptimizer",
+    "RmsPropOptimizer",
     "build_sgd",
     "build_multi_precision_sgd",
     "build_fp16_sgd",
     "build_adagrad",
     "build_adam",
+    "build_ftrl",
+    "build_gftrl",
+    "build_wngrad",
+    "build_storm",
+    "build_adadelta",
+    "build_decay_adagrad",
+    "build_yellowfin",
+    "build_rms_prop",
     "add_weight_decay",
     "get_param_device",
     "get_lr_injection",
@@ -878,6 +894,444 @@ class AdamOptimizer(Optimizer):
         self.alpha *= scale
 
 
+def _lars_if_dense(optimizer, net, param_init_net, param, grad):
+    """Clear the previous parameter's local multiplier, then add a LARS one for a dense
+    gradient when the optimizer has a ``lars`` offset."""
+    optimizer._clear_local_lr_multiplier()
+    if optimizer.lars is not None and not isinstance(grad, core.GradientSlice):
+        optimizer._add_lars(net, param_init_net, param, grad)
+
+
+class WngradOptimizer(Optimizer):
+    """WNGrad: one scalar ``<param>_moment`` (initially ``moment_init``) per parameter that
+    grows with the squared gradient norm; ``Wngrad`` / ``SparseWngrad``."""
+
+    def __init__(
+        self,
+        alpha=1.0,
+        epsilon=1e-9,
+        policy="fixed",
+        sparse_dedup_aggregator=None,
+        engine="",
+        moment_init=100.0,
+        lars=None,
+        output_effective_lr=False,
+        output_effective_lr_and_update=False,
+        **kwargs,
+    ):
+        super().__init__()
+        self.alpha = alpha
+        self.epsilon = epsilon
+        self.policy = policy
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.engine = engine
+        self.moment_init = moment_init
+        self.lars = lars
+        self.output_effective_lr = output_effective_lr
+        self.output_effective_lr_and_update = output_effective_lr_and_update
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param_info):
+        param, grad = param_info.blob, param_info.grad
+        if self.alpha <= 0:
+            return
+        _lars_if_dense(self, net, param_init_net, param, grad)
+        lr, _ = self.build_lr(
+            net,
+            param_init_net,
+            base_learning_rate=self.alpha,
+            policy=self.policy,
+            **self.init_kwargs,
+        )
+        moment = param_init_net.ConstantFill(
+            [], str(param) + "_moment", shape=[1], value=self.moment_init
+        )
+        self._aux_params.local.append(moment)
+        if isinstance(grad, core.GradientSlice):
+            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+            net.SparseWngrad(
+                [param, moment, grad.indices, grad.values, lr],
+                [param, moment],
+                epsilon=self.epsilon,
+                engine=self.engine,
+            )
+            return
+        outputs = [param, moment]
+        if self.output_effective_lr_and_update:
+            outputs += [str(param) + "_effective_lr", str(param) + "_update"]
+        elif self.output_effective_lr:
+            outputs.append(str(param) + "_effective_lr")
+        net.Wngrad([param, moment, grad, lr], outputs, epsilon=self.epsilon, engine=self.engine)
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
+class StormOptimizer(Optimizer):
+    """STORM: a momentum ``<param>_moment`` and a scalar ``<param>_grad_sq_sum`` (initially
+    ``grad_sq_init``); ``Storm`` / ``SparseStorm`` with ``momentum`` and ``beta``."""
+
+    def __init__(
+        self,
+        lr=0.1,
+        momentum=10.0,
+        beta=0.1,
+        grad_sq_init=0.01,
+        policy="fixed",
+        sparse_dedup_aggregator=None,
+        lars=None,
+        **kwargs,
+    ):
+        super().__init__()
+        self.lr = lr
+        self.momentum = momentum
+        self.beta = beta
+        self.grad_sq_init = grad_sq_init
+        self.policy = policy
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.lars = lars
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param_info):
+        param, grad = param_info.blob, param_info.grad
+        if self.lr <= 0:
+            return
+        _lars_if_dense(self, net, param_init_net, param, grad)
+        lr, _ = self.build_lr(
+            net,
+            param_init_net,
+            base_learning_rate=self.lr,
+            policy=self.policy,
+            **self.init_kwargs,
+        )
+        moment = param_init_net.ConstantFill(param, str(param) + "_moment", value=0.0)
+        self._aux_params.local.append(moment)
+        grad_sq_sum = param_init_net.ConstantFill(
+            [], str(param) + "_grad_sq_sum", shape=[1], value=self.grad_sq_init
+        )
+        self._aux_params.local.append(grad_sq_sum)
+        state = [param, moment, grad_sq_sum]
+        args = dict(momentum=self.momentum, beta=self.beta)
+        if isinstance(grad, core.GradientSlice):
+            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+            net.SparseStorm(state + [grad.values, grad.indices, lr], state, **args)
+        else:
+            net.Storm(state + [grad, lr], state, **args)
+
+    def scale_learning_rate(self, scale):
+        self.lr *= scale
+
+
+class AdadeltaOptimizer(Optimizer):
+    """Adadelta: ``<param>_squared_moment`` and ``<param>_squared_moment_update``;
+    ``Adadelta`` / ``SparseAdadelta`` with ``epsilon`` and ``decay``."""
+
+    def __init__(
+        self,
+        alpha=0.01,
+        epsilon=1e-4,
+        decay=0.95,
+        policy="fixed",
+        sparse_dedup_aggregator=None,
+        engine="",
+        **kwargs,
+    ):
+        super().__init__()
+        self.alpha = alpha
+        self.epsilon = epsilon
+        self.decay = decay
+        self.policy = policy
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.engine = engine
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param_info):
+        param, grad = param_info.blob, param_info.grad
+        if self.alpha <= 0:
+            return
+        lr, _ = self.build_lr(
+            net,
+            param_init_net,
+            base_learning_rate=self.alpha,
+            policy=self.policy,
+            **self.init_kwargs,
+        )
+        moment = param_init_net.ConstantFill([param], str(param) + "_squared_moment", value=0.0)
+        moment_update = param_init_net.ConstantFill(
+            [param], str(param) + "_squared_moment_update", value=0.0
+        )
+        self._aux_params.local.append(moment)
+        self._aux_params.local.append(moment_update)
+        state = [param, moment, moment_update]
+        args = dict(epsilon=self.epsilon, decay=self.decay, engine=self.engine)
+        if isinstance(grad, core.GradientSlice):
+            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+            net.SparseAdadelta(state + [grad.indices, grad.values, lr], state, **args)
+        else:
+            net.Adadelta(state + [grad, lr], state, **args)
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
+class FtrlOptimizer(Optimizer):
+    """FTRL-Proximal: ``<param>_ftrl_nz`` holds (n, z) per value (the parameter's shape plus a
+    trailing 2); ``Ftrl`` / ``SparseFtrl``. No learning-rate blob: ``alpha`` is an argument."""
+
+    _op = "Ftrl"
+    _state_suffix = "_ftrl_nz"
+    _sparse = True
+
+    def __init__(
+        self,
+        alpha=0.01,
+        beta=1e-4,
+        lambda1=0,
+        lambda2=0,
+        sparse_dedup_aggregator=None,
+        engine="",
+    ):
+        super().__init__()
+        self.alpha = alpha
+        self.beta = beta
+        self.lambda1 = lambda1
+        self.lambda2 = lambda2
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.engine = engine
+
+    def _run(self, net, param_init_net, param_info):
+        param, grad = param_info.blob, param_info.grad
+        if self.alpha <= 0:
+            return
+        nz = param_init_net.ConstantFill(
+            [param], str(param) + self._state_suffix, extra_shape=[2], value=0.0
+        )
+        self._aux_params.local.append(nz)
+        args = dict(
+            engine=self.engine,
+            alpha=self.alpha,
+            beta=self.beta,
+            lambda1=self.lambda1,
+            lambda2=self.lambda2,
+        )
+        if isinstance(grad, core.GradientSlice) and self._sparse:
+            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+            net.SparseFtrl([param, nz, grad.indices, grad.values], [param, nz], **args)
+        else:
+            getattr(net, self._op)([param, nz, grad], [param, nz], **args)
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
+class GFtrlOptimizer(FtrlOptimizer):
+    """Group lasso FTRL (``GFtrl``, dense only): state ``<param>_gftrl_nz``."""
+
+    _op = "GFtrl"
+    _state_suffix = "_gftrl_nz"
+    _sparse = False
+
+
+class DecayAdagradOptimizer(Optimizer):
+    """Decayed Adagrad: ``DecayAdagrad`` with ``<param>_first_mo1ment`` (Caffe2's spelling) and
+    ``<param>_second_moment`` for dense gradients, ``SparseAdagrad`` with
+    ``<param>_squared_sum`` for sparse ones."""
+
+    def __init__(
+        self,
+        alpha=0.01,
+        beta1=0.0,
+        beta2=0.999,
+        epsilon=0.1,
+        weight_decay=0.0,
+        ema_options=None,
+        bias_correction_first=True,
+        policy="fixed",
+        engine="",
+        **kwargs,
+    ):
+        super().__init__()
+        if ema_options:
+            raise ValueError("DecayAdagradOptimizer: ema_options are not supported")
+        self.alpha = alpha
+        self.beta1 = beta1
+        self.beta2 = beta2
+        self.epsilon = epsilon
+        self.weight_decay = weight_decay
+        self.bias_correction_first = bias_correction_first
+        self.policy = policy
+        self.engine = engine
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param_info):
+        param, grad = param_info.blob, param_info.grad
+        if self.alpha <= 0:
+            return
+        lr, iteration = self.build_lr(
+            net,
+            param_init_net,
+            base_learning_rate=self.alpha,
+            policy=self.policy,
+            **self.init_kwargs,
+        )
+        if isinstance(grad, core.GradientSlice):
+            squared_sum = param_init_net.ConstantFill([param], param + "_squared_sum", value=0.0)
+            self._aux_params.local.append(squared_sum)
+            net.SparseAdagrad(
+                [param, squared_sum, grad.indices, grad.values, lr],
+                [param, squared_sum],
+                epsilon=self.epsilon,
+            )
+            return
+        m1 = param_init_net.ConstantFill([param], param + "_first_mo1ment", value=0.0)
+        m2 = param_init_net.ConstantFill([param], param + "_second_moment", value=0.0)
+        self._aux_params.shared.append(iteration)
+        self._aux_params.local.append(m1)
+        self._aux_params.local.append(m2)
+        net.DecayAdagrad(
+            [param, m1, m2, grad, lr, iteration],
+            [param, m1, m2],
+            beta1=self.beta1,
+            beta2=self.beta2,
+            epsilon=self.epsilon,
+            weight_decay=self.weight_decay,
+            bias_correction_first=self.bias_correction_first,
+        )
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
+# YellowFin keeps this many scalars per parameter (gradient norm, squared norm, curvature
+# range ends, distance), in ``<param>_scalars_memory``.
+_YELLOWFIN_SCALARS = 5
+
+
+class YellowFinOptimizer(Optimizer):
+    """YellowFin (https://arxiv.org/abs/1706.03471): momentum SGD whose rate and momentum are
+    tuned per parameter by the ``YellowFin`` op (dense gradients only)."""
+
+    def __init__(
+        self,
+        alpha=0.1,
+        mu=0.0,
+        beta=0.999,
+        curv_win_width=20,
+        zero_debias=True,
+        epsilon=0.1**6,
+        policy="fixed",
+        sparse_dedup_aggregator=None,
+        **kwargs,
+    ):
+        super().__init__()
+        self.alpha = alpha
+        self.mu = mu
+        self.beta = beta
+        self.curv_win_width = curv_win_width
+        self.zero_debias = zero_debias
+        self.epsilon = epsilon
+        self.policy = policy
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param_info):
+        param, grad = param_info.blob, param_info.grad
+
+        def fill(suffix, **kwargs):
+            inputs = [] if "shape" in kwargs else [param]
+            return param_init_net.ConstantFill(inputs, param + suffix, **kwargs)
+
+        moment = fill("_moment", value=0.0)
+        curv_win = fill("_curv_win", shape=[self.curv_win_width], value=0.0)
+        g_avg = fill("_g_avg", value=0.0)
+        g2_avg = fill("_g2_avg", value=0.0)
+        lr_avg = fill("_lr_avg", shape=[1], value=self.alpha)
+        mu_avg = fill("_mu_avg", shape=[1], value=self.mu)
+        scalars_memory = fill("_scalars_memory", shape=[_YELLOWFIN_SCALARS], value=0.0)
+        assert self.alpha > 0
+        assert not isinstance(grad, core.GradientSlice), (
+            "YellowFin does not support sparse gradients"
+        )
+        iteration = utils.BuildUniqueMutexIter(param_init_net, net, iter_val=0)
+        self._aux_params.shared.append(iteration)
+        state = [param, moment, lr_avg, mu_avg, curv_win, g_avg, g2_avg, scalars_memory]
+        self._aux_params.local.extend(
+            [moment, lr_avg, mu_avg, curv_win, g_avg, g2_avg, scalars_memory]
+        )
+        net.YellowFin(
+            state + [grad, iteration],
+            state,
+            beta=self.beta,
+            epsilon=self.epsilon,
+            curv_win_width=self.curv_win_width,
+            zero_debias=self.zero_debias,
+        )
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
+class RmsPropOptimizer(Optimizer):
+    """RMSProp (dense only): ``RmsProp`` with a unit rate into ``<param>_grad_o``, then
+    ``MomentumSGDUpdate`` with the learning rate; state ``<param>_mean_squares`` and
+    ``<param>_momentum``."""
+
+    def __init__(
+        self,
+        alpha=0.01,
+        decay=0.9,
+        momentum=0.0,
+        epsilon=1e-5,
+        policy="fixed",
+        engine="",
+        **kwargs,
+    ):
+        super().__init__()
+        self.alpha = alpha
+        self.decay = decay
+        self.momentum = momentum
+        self.epsilon = epsilon
+        self.policy = policy
+        self.engine = engine
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param_info):
+        param, grad = param_info.blob, param_info.grad
+        assert self.alpha > 0
+        assert not isinstance(grad, core.GradientSlice), (
+            "RmsPropOptimizer doesn't support sparse gradients"
+        )
+        dev = _device_or_cpu()
+        one = param_init_net.ConstantFill(
+            [], f"ONE_{dev.device_type}_{dev.device_id}", shape=[1], value=1.0
+        )
+        # MomentumSGDUpdate subtracts its step: the rate stays positive.
+        lr, _ = self.build_lr(
+            net,
+            param_init_net,
+            base_learning_rate=-self.alpha,
+            policy=self.policy,
+            **self.init_kwargs,
+        )
+        grad_o = param_init_net.ConstantFill([param], str(param) + "_grad_o", value=0.0)
+        ms = param_init_net.ConstantFill([param], str(param) + "_mean_squares", value=0.0)
+        mom = param_init_net.ConstantFill([param], str(param) + "_momentum", value=0.0)
+        self._aux_params.local.append(ms)
+        self._aux_params.local.append(mom)
+        net.RmsProp(
+            [grad, ms, mom, one],
+            [grad_o, ms, mom],
+            decay=self.decay,
+            momentum=self.momentum,
+            epsilon=self.epsilon,
+            engine=self.engine,
+        )
+        net.MomentumSGDUpdate([grad_o, mom, lr, param], [grad_o, mom, param])
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
 # ------------------------------------------------------------------------------- building
 def _get_param_to_device(model):
     """Blob -> device option of the op that writes it (net first, then the init net)."""
@@ -1056,4 +1510,119 @@ def build_adam(
         AdamOptimizer(alpha=base_learning_rate, **kwargs),
         max_gradient_norm=max_gradient_norm,
         allow_lr_injection=allow_lr_injection,
+    )
+
+
+def _build_with(
+    cls, rate_name, model, base_learning_rate, max_gradient_norm, allow_lr_injection, kwargs
+):
+    return _build(
+        model,
+        cls(**{rate_name: base_learning_rate}, **kwargs),
+        max_gradient_norm=max_gradient_norm,
+        allow_lr_injection=allow_lr_injection,
+    )
+
+
+def build_ftrl(model, engine="SIMD", **kwargs):
+    """FTRL for every parameter (``FtrlOptimizer(engine=engine, **kwargs)``)."""
+    # Caffe2 checked its SIMD kernels here; ferrocaffe's CPU kernels serve engine "SIMD".
+    if engine == "SIMD":
+        assert core.IsOperator("Ftrl") and core.IsOperator("SparseFtrl")
+    return _build(model, FtrlOptimizer(engine=engine, **kwargs))
+
+
+def build_gftrl(model, engine="", **kwargs):
+    """Group lasso FTRL for every parameter (``GFtrlOptimizer``)."""
+    if engine == "SIMD":
+        assert core.IsOperator("GFtrl")
+    return _build(model, GFtrlOptimizer(engine=engine, **kwargs))
+
+
+def build_wngrad(
+    model,
+    base_learning_rate,
+    parameters=None,
+    max_gradient_norm=None,
+    allow_lr_injection=False,
+    **kwargs,
+):
+    return _build_with(
+        WngradOptimizer,
+        "alpha",
+        model,
+        base_learning_rate,
+        max_gradient_norm,
+        allow_lr_injection,
+        kwargs,
+    )
+
+
+def build_storm(
+    model,
+    base_learning_rate,
+    parameters=None,
+    max_gradient_norm=None,
+    allow_lr_injection=False,
+    **kwargs,
+):
+    return _build_with(
+        StormOptimizer,
+        "lr",
+        model,
+        base_learning_rate,
+        max_gradient_norm,
+        allow_lr_injection,
+        kwargs,
+    )
+
+
+def build_adadelta(
+    model,
+    base_learning_rate,
+    parameters=None,
+    max_gradient_norm=None,
+    allow_lr_injection=False,
+    **kwargs,
+):
+    return _build_with(
+        AdadeltaOptimizer,
+        "alpha",
+        model,
+        base_learning_rate,
+        max_gradient_norm,
+        allow_lr_injection,
+        kwargs,
+    )
+
+
+def build_decay_adagrad(
+    model, base_learning_rate, max_gradient_norm=None, allow_lr_injection=False, **kwargs
+):
+    return _build_with(
+        DecayAdagradOptimizer,
+        "alpha",
+        model,
+        base_learning_rate,
+        max_gradient_norm,
+        allow_lr_injection,
+        kwargs,
+    )
+
+
+def build_yellowfin(model, base_learning_rate=0.1, **kwargs):
+    return _build(model, YellowFinOptimizer(alpha=base_learning_rate, **kwargs))
+
+
+def build_rms_prop(
+    model, base_learning_rate, max_gradient_norm=None, allow_lr_injection=False, **kwargs
+):
+    return _build_with(
+        RmsPropOptimizer,
+        "alpha",
+        model,
+        base_learning_rate,
+        max_gradient_norm,
+        allow_lr_injection,
+        kwargs,
     )

@@ -103,6 +103,7 @@ pub mod moments;
 pub mod nn;
 pub mod norm;
 pub mod optim;
+pub mod optim_more;
 pub mod pad_image;
 pub(crate) mod par;
 pub mod pool;
@@ -168,4 +169,5 @@ pub fn register_all(r: &mut Registry) {
     segment::register(r);
     fused_rowwise::register(r);
     utility::register(r);
+    optim_more::register(r);
 }

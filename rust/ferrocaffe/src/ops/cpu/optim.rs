@@ -58,32 +58,80 @@ pub(super) fn scalar(ctx: &OpContext<'_>, i: usize) -> Result<f32> {
 #[derive(Clone, Debug)]
 enum Policy {
     Fixed,
-    Step { stepsize: i64, gamma: f32 },
-    Exp { gamma: f32 },
-    Inv { gamma: f32, power: f32 },
-    Poly { max_iter: i64, power: f32 },
-    LinearWarmup { start: f32, num_iter: i64 },
-    ConstantWarmup { multiplier: f32, num_iter: i64 },
-    Multistep { steps: Vec<i64>, gamma: f32 },
+    Step {
+        stepsize: i64,
+        gamma: f32,
+    },
+    Exp {
+        gamma: f32,
+    },
+    Inv {
+        gamma: f32,
+        power: f32,
+    },
+    Poly {
+        max_iter: i64,
+        power: f32,
+    },
+    LinearWarmup {
+        start: f32,
+        num_iter: i64,
+    },
+    ConstantWarmup {
+        multiplier: f32,
+        num_iter: i64,
+    },
+    Multistep {
+        steps: Vec<i64>,
+        gamma: f32,
+    },
+    /// `active_period` iterations at 1 then `inactive_period` at 0 (swapped without
+    /// `active_first`).
+    Alter {
+        active_first: bool,
+        active: i64,
+        inactive: i64,
+    },
+    /// Linear warmup from `start` over `num_iter`, then `inv` decay floored at `end`.
+    Hill {
+        num_iter: i64,
+        start: f32,
+        gamma: f32,
+        power: f32,
+        end: f32,
+    },
+    /// `m1` until `n1`, then linear towards `m2` (reached at `n2`), floored at `m2`.
+    Slope {
+        n1: i64,
+        m1: f32,
+        n2: i64,
+        m2: f32,
+    },
+    /// `m1` before `num_iter`, `m2` from there on.
+    Gate {
+        m1: f32,
+        m2: f32,
+        num_iter: i64,
+    },
+    /// Sub-policies in turn: each entry is (first iteration, policy, scale); sub-policy k
+    /// covers `sub_policy_num_iters[k]` iterations, counting from 1.
+    Composite(Vec<(i64, Policy, f32)>),
 }
 
 impl Policy {
-    fn multiplier(&self, it: i64) -> f32 {
+    fn multiplier(&self, it: i64) -> f64 {
+        let itf = it as f64;
         match self {
             Policy::Fixed => 1.0,
-            Policy::Step { stepsize, gamma } => gamma.powi((it / (*stepsize).max(1)) as i32),
-            Policy::Exp { gamma } => gamma.powf(it as f32),
-            Policy::Inv { gamma, power } => (1.0 + gamma * it as f32).powf(-power),
-            Policy::Poly { max_iter, power } => (1.0 - it as f32 / (*max_iter).max(1) as f32)
-                .max(0.0)
-                .powf(*power),
-            Policy::LinearWarmup { start, num_iter } => {
-                if it >= *num_iter {
-                    1.0
-                } else {
-                    start + (1.0 - start) * it as f32 / (*num_iter).max(1) as f32
-                }
+            Policy::Step { stepsize, gamma } => {
+                f64::from(*gamma).powi((it / (*stepsize).max(1)) as i32)
             }
+            Policy::Exp { gamma } => f64::from(*gamma).powf(itf),
+            Policy::Inv { gamma, power } => inv(*gamma, *power, itf),
+            Policy::Poly { max_iter, power } => (1.0 - itf / (*max_iter).max(1) as f64)
+                .max(0.0)
+                .powf(f64::from(*power)),
+            Policy::LinearWarmup { start, num_iter } => linear_warmup(*start, *num_iter, it),
             Policy::ConstantWarmup {
                 multiplier,
                 num_iter,
@@ -91,14 +139,178 @@ impl Policy {
                 if it >= *num_iter {
                     1.0
                 } else {
-                    *multiplier
+                    f64::from(*multiplier)
                 }
             }
             Policy::Multistep { steps, gamma } => {
-                gamma.powi(steps.iter().filter(|&&s| it >= s).count() as i32)
+                f64::from(*gamma).powi(steps.iter().filter(|&&s| it >= s).count() as i32)
+            }
+            Policy::Alter {
+                active_first,
+                active,
+                inactive,
+            } => {
+                let period = active.saturating_add(*inactive).max(1);
+                let on = it.rem_euclid(period) < *active;
+                if on == *active_first {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
+            Policy::Hill {
+                num_iter,
+                start,
+                gamma,
+                power,
+                end,
+            } => {
+                if it < *num_iter {
+                    linear_warmup(*start, *num_iter, it)
+                } else {
+                    inv(*gamma, *power, (it - num_iter) as f64).max(f64::from(*end))
+                }
+            }
+            Policy::Slope { n1, m1, n2, m2 } => {
+                let (m1, m2) = (f64::from(*m1), f64::from(*m2));
+                if it < *n1 {
+                    m1
+                } else {
+                    let span = (n2 - n1) as f64;
+                    (m1 + (itf - *n1 as f64) * (m2 - m1) / span).max(m2)
+                }
+            }
+            Policy::Gate { m1, m2, num_iter } => f64::from(if it >= *num_iter { *m2 } else { *m1 }),
+            Policy::Composite(parts) => {
+                let k = parts
+                    .iter()
+                    .rposition(|(first, _, _)| it >= *first)
+                    .unwrap_or(0);
+                let (_, policy, scale) = &parts[k];
+                policy.multiplier(it) * f64::from(*scale)
             }
         }
     }
+}
+
+fn inv(gamma: f32, power: f32, it: f64) -> f64 {
+    (1.0 + f64::from(gamma) * it).powf(-f64::from(power))
+}
+
+fn linear_warmup(start: f32, num_iter: i64, it: i64) -> f64 {
+    if it >= num_iter {
+        1.0
+    } else {
+        let start = f64::from(start);
+        start + (1.0 - start) * it as f64 / num_iter.max(1) as f64
+    }
+}
+
+/// The policy `name` with its arguments read under `prefix` (`sub_policy_<k>_` for the parts
+/// of a composite policy, which cannot nest).
+fn parse_policy(init: &OpInit<'_>, prefix: &str, name: &str) -> Result<Policy> {
+    let a = &init.args;
+    let key = |k: &str| format!("{prefix}{k}");
+    let float = |k: &str, d: f32| a.float(&key(k), d);
+    let int = |k: &str, d: i64| a.int(&key(k), d);
+    let gamma = || float("gamma", 0.0);
+    Ok(match name {
+        "fixed" => Policy::Fixed,
+        "step" => Policy::Step {
+            stepsize: int("stepsize", 0)?,
+            gamma: gamma()?,
+        },
+        "exp" => Policy::Exp { gamma: gamma()? },
+        "inv" => Policy::Inv {
+            gamma: gamma()?,
+            power: float("power", 0.0)?,
+        },
+        "poly" => Policy::Poly {
+            max_iter: int("max_iter", -1)?,
+            power: float("power", 0.0)?,
+        },
+        "linearWarmup" => Policy::LinearWarmup {
+            start: float("start_multiplier", 0.0)?,
+            num_iter: int("num_iter", 0)?,
+        },
+        "constantWarmup" => Policy::ConstantWarmup {
+            multiplier: float("multiplier", 0.5)?,
+            num_iter: int("num_iter", 0)?,
+        },
+        "multistep" => Policy::Multistep {
+            steps: a.ints(&key("stepsize")),
+            gamma: gamma()?,
+        },
+        "alter" => {
+            let active = int("active_period", -1)?;
+            let inactive = int("inactive_period", -1)?;
+            if active < 0 || inactive < 0 {
+                bail!(
+                    op = init,
+                    BadArgument: "alter policy needs active_period and inactive_period >= 0, \
+                     got {active} and {inactive}"
+                );
+            }
+            Policy::Alter {
+                active_first: a.bool(&key("active_first"), true)?,
+                active,
+                inactive,
+            }
+        }
+        "hill" => Policy::Hill {
+            num_iter: int("num_iter", 0)?,
+            start: float("start_multiplier", 0.0)?,
+            gamma: gamma()?,
+            power: float("power", 0.0)?,
+            end: float("end_multiplier", 0.0)?,
+        },
+        "slope" => {
+            let (n1, n2) = (int("num_iter_1", 0)?, int("num_iter_2", 0)?);
+            if n2 <= n1 {
+                bail!(
+                    op = init,
+                    BadArgument: "slope policy needs num_iter_2 > num_iter_1, got {n2} and {n1}"
+                );
+            }
+            Policy::Slope {
+                n1,
+                m1: float("multiplier_1", 1.0)?,
+                n2,
+                m2: float("multiplier_2", 1.0)?,
+            }
+        }
+        "gate" => Policy::Gate {
+            m1: float("multiplier_1", 1.0)?,
+            m2: float("multiplier_2", 1.0)?,
+            num_iter: int("num_iter", 0)?,
+        },
+        "composite" if prefix.is_empty() => {
+            let iters = a.ints("sub_policy_num_iters");
+            if iters.is_empty() {
+                bail!(op = init, BadArgument: "composite policy needs sub_policy_num_iters");
+            }
+            let mut parts = Vec::with_capacity(iters.len());
+            let mut first = 1i64;
+            for (k, &n) in iters.iter().enumerate() {
+                if n <= 0 {
+                    bail!(
+                        op = init,
+                        BadArgument: "sub_policy_num_iters[{k}] must be positive, got {n}"
+                    );
+                }
+                let sub = format!("sub_policy_{k}_");
+                let sub_name = a.string(&format!("{sub}policy"), "")?;
+                if sub_name.is_empty() {
+                    bail!(op = init, BadArgument: "composite policy needs {sub}policy");
+                }
+                let scale = a.float(&format!("{sub}lr_scale"), 1.0)?;
+                parts.push((first, parse_policy(init, &sub, &sub_name)?, scale));
+                first = first.saturating_add(n);
+            }
+            Policy::Composite(parts)
+        }
+        other => bail!(op = init, BadArgument: "Unknown learning rate policy: {other}"),
+    })
 }
 
 fn create_lr(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
@@ -106,44 +318,15 @@ fn create_lr(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     if !a.has("base_lr") {
         bail!(op = init, BadArgument: "LearningRate needs the base_lr argument");
     }
-    let base = a.float("base_lr", 0.0)?;
+    let base = f64::from(a.float("base_lr", 0.0)?);
     let name = a.string("policy", "fixed")?;
-    let gamma = || a.float("gamma", 0.0);
-    let policy = match name.as_str() {
-        "fixed" => Policy::Fixed,
-        "step" => Policy::Step {
-            stepsize: a.int("stepsize", 0)?,
-            gamma: gamma()?,
-        },
-        "exp" => Policy::Exp { gamma: gamma()? },
-        "inv" => Policy::Inv {
-            gamma: gamma()?,
-            power: a.float("power", 0.0)?,
-        },
-        "poly" => Policy::Poly {
-            max_iter: a.int("max_iter", -1)?,
-            power: a.float("power", 0.0)?,
-        },
-        "linearWarmup" => Policy::LinearWarmup {
-            start: a.float("start_multiplier", 0.0)?,
-            num_iter: a.int("num_iter", 0)?,
-        },
-        "constantWarmup" => Policy::ConstantWarmup {
-            multiplier: a.float("multiplier", 0.5)?,
-            num_iter: a.int("num_iter", 0)?,
-        },
-        "multistep" => Policy::Multistep {
-            steps: a.ints("stepsize"),
-            gamma: gamma()?,
-        },
-        other => bail!(op = init, BadArgument: "Unknown learning rate policy: {other}"),
-    };
+    let policy = parse_policy(init, "", &name)?;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let it = ctx.input(0)?.to_i64_vec()?;
         let it = *it
             .first()
             .ok_or_else(|| err!(ShapeMismatch: "the iteration input is empty"))?;
-        ctx.output(0)?.ensure::<f32>(&[])[0] = base * policy.multiplier(it);
+        ctx.output(0)?.ensure::<f32>(&[])[0] = (base * policy.multiplier(it)) as f32;
         Ok(())
     })))
 }
@@ -283,9 +466,10 @@ fn create_momentum(init: &OpInit<'_>, update: bool) -> Result<Box<dyn Operator>>
 fn create_adagrad(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let eps = init.args.float("epsilon", 1e-5)?;
     let decay = init.args.float("decay", 1.0)?;
+    let wd = init.args.float("weight_decay", 0.0)?;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let lr = scalar(ctx, 3)?;
-        let g = read_input(ctx, 2)?;
+        let mut g = read_input(ctx, 2)?;
         state_to_output(ctx, 0, 0)?;
         state_to_output(ctx, 1, 1)?;
         let dims = ctx.output(0)?.dims().to_vec();
@@ -298,6 +482,8 @@ fn create_adagrad(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
                 bail!(ShapeMismatch: "param, moment and grad must have the same size");
             }
             for i in 0..g.len() {
+                // Weight decay joins the gradient before it is accumulated.
+                g[i] += wd * p[i];
                 h[i] = decay * h[i] + g[i] * g[i];
                 let e = lr / (h[i].sqrt() + eps);
                 p[i] += e * g[i];
@@ -318,7 +504,21 @@ fn create_adagrad(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
 
 fn create_sparse_adagrad(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let eps = init.args.float("epsilon", 1e-5)?;
+    let wd = init.args.float("weight_decay", 0.0)?;
+    let halflife = init.args.int("counter_halflife", -1)?;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+        // The optional sixth input counts each row's updates; with counter_halflife > 0 a row
+        // seen `count` times decays by weight_decay * halflife / count.
+        let counts = if ctx.num_inputs() > 5 && halflife > 0 {
+            let c = ctx.input(5)?;
+            Some(
+                (0..c.numel())
+                    .map(|i| c.get_f64(i))
+                    .collect::<Result<Vec<f64>>>()?,
+            )
+        } else {
+            None
+        };
         let lr = scalar(ctx, 4)?;
         let idx = ctx.input(2)?.to_i64_vec()?;
         let g = read_input(ctx, 3)?;
@@ -344,8 +544,18 @@ fn create_sparse_adagrad(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
                 .ok()
                 .filter(|&r| r < rows)
                 .ok_or_else(|| err!(BadArgument: "Index out of bounds: {r}, range 0 to {rows}"))?;
+            let mut row_wd = wd;
+            if let Some(c) = &counts {
+                let count = *c.get(r).ok_or_else(
+                    || err!(ShapeMismatch: "the counter input has {} rows, param {rows}", c.len()),
+                )?;
+                if count > 0.0 {
+                    row_wd = (f64::from(wd) * halflife as f64 / count) as f32;
+                }
+            }
             for j in 0..block {
-                let (pi, gi) = (r * block + j, g[k * block + j]);
+                let pi = r * block + j;
+                let gi = g[k * block + j] + row_wd * p[pi];
                 h[pi] += gi * gi;
                 p[pi] += lr * gi / (h[pi].sqrt() + eps);
             }
