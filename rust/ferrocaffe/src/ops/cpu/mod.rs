@@ -116,6 +116,9 @@ pub mod sigmoid_xent;
 pub mod sparse;
 pub mod sparse_optim;
 pub mod unary_grad;
+pub mod activations_more;
+pub mod elementwise_more;
+pub mod losses_more;
 
 use super::registry::Registry;
 
@@ -156,4 +159,7 @@ pub fn register_all(r: &mut Registry) {
     pad_image::register(r);
     rowwise_optim::register(r);
     unary_grad::register(r);
+    activations_more::register(r);
+    elementwise_more::register(r);
+    losses_more::register(r);
 }
