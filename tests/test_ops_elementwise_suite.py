@@ -252,3 +252,21 @@ def test_net_names_stay_unique_and_in_caffe2_order():
         assert core.Net("opnet").Name() == "opnet"
     finally:
         core.Net._net_names_used = old
+
+
+def test_c_workspace_is_separate_with_blob_handles():
+    """Caffe2's test cases use ``self.ws = workspace.C.Workspace()`` this way."""
+    ws = workspace.C.Workspace()
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert ws.create_blob("X").feed(x)
+    assert not workspace.HasBlob("X")
+    ws.run(core.CreateOperator("Relu", ["X"], ["Y"]))
+    np.testing.assert_array_equal(ws.blobs["Y"].fetch(), x)
+    net = core.Net("c_ws_net")
+    net.Sqr(["X"], ["Z"])
+    ws.create_net(net).run()
+    np.testing.assert_array_equal(ws.blobs["Z"].fetch(), x * x)
+    assert sorted(ws.blobs) == ["X", "Y", "Z"]
+    with pytest.raises(TypeError):
+        ws.run("not a proto")
+    assert workspace.C.kernel_types() == sorted(workspace.C.kernel_types())

@@ -15,7 +15,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from ferrocaffe import _native
+from ferrocaffe import _c_workspace, _native
 from ferrocaffe.proto import caffe2_pb2
 
 __all__ = [
@@ -55,7 +55,8 @@ __all__ = [
     "blobs",
 ]
 
-C = _native
+# Caffe2's pybind module: the native one, with its C.Workspace/Blob/Net classes.
+C = _c_workspace.C
 # Caffe2's flags. Caffe2 had CPU-only and CUDA builds, and code (its own test helpers
 # included) reads `has_cuda_support` to decide whether to put ops on CUDA; the one wheel
 # carries CUDA and loads the driver at run time, so both flags say whether a GPU can be used
