@@ -98,10 +98,11 @@ class Workspace:
         return True
 
     def create_net(self, net, overwrite=False):
-        kind, data = _proto_bytes(net)
-        if kind != "net":
+        proto = net.Proto() if hasattr(net, "Proto") and callable(net.Proto) else net
+        if not isinstance(proto, caffe2_pb2.NetDef):
             raise TypeError("create_net takes a NetDef or a core.Net")
-        return Net(self, self._native.create_net(data, bool(overwrite)))
+        self._native.create_net(proto.SerializeToString(), bool(overwrite))
+        return Net(self, proto.name)
 
     def run(self, obj):
         """Runs an operator, a net (once) or a plan in this workspace."""

@@ -31,13 +31,16 @@ pub fn register(r: &mut Registry) {
     });
     r.cpu("EluGradient", |i| {
         let alpha = f64::from(i.args.float("alpha", 1.0)?);
-        pair_grad(Pair::ValueGrad, move |y, g| {
-            if y > 0.0 {
-                g
-            } else {
-                g * (y + alpha)
-            }
-        })
+        pair_grad(
+            Pair::ValueGrad,
+            move |y, g| {
+                if y > 0.0 {
+                    g
+                } else {
+                    g * (y + alpha)
+                }
+            },
+        )
     });
     r.cpu("Gelu", |i| {
         if i.args.bool("fast_gelu", false)? {
@@ -76,13 +79,16 @@ pub fn register(r: &mut Registry) {
     });
     r.cpu("ReluNGradient", |i| {
         let n = relu_n_arg(i)?;
-        pair_grad(Pair::ValueGrad, move |y, g| {
-            if y > 0.0 && y < n {
-                g
-            } else {
-                0.0
-            }
-        })
+        pair_grad(
+            Pair::ValueGrad,
+            move |y, g| {
+                if y > 0.0 && y < n {
+                    g
+                } else {
+                    0.0
+                }
+            },
+        )
     });
     r.cpu("Swish", |_| float_map(|x| x / (1.0 + (-x).exp())));
     r.cpu("SwishGradient", |_| {
@@ -326,7 +332,10 @@ mod tests {
         assert!(e.contains("n > 0"), "{e}");
         ws.run_operator_once(&OperatorDef::new("ReluN", ["X"], ["Y"]))
             .unwrap();
-        assert_eq!(ws.fetch("Y").unwrap().as_slice::<f32>().unwrap(), &[1.0, 6.0]);
+        assert_eq!(
+            ws.fetch("Y").unwrap().as_slice::<f32>().unwrap(),
+            &[1.0, 6.0]
+        );
     }
 
     #[test]
@@ -340,17 +349,20 @@ mod tests {
         ws.run_operator_once(&OperatorDef::new("SwishGradient", ["X", "Y", "G"], ["G"]))
             .unwrap();
         let got = ws.fetch("G").unwrap().as_slice::<f32>().unwrap().to_vec();
-        for k in 0..2 {
-            let s = 1.0 / (1.0 + (-x[k]).exp());
-            let want = [2.0, 3.0][k] * (y[k] + s * (1.0 - y[k]));
-            assert!((got[k] - want).abs() < 1e-6, "{got:?}");
+        for (((&xv, &yv), &gv), g0) in x.iter().zip(&y).zip(&got).zip([2.0f32, 3.0]) {
+            let s = 1.0 / (1.0 + (-xv).exp());
+            let want = g0 * (yv + s * (1.0 - yv));
+            assert!((gv - want).abs() < 1e-6, "{got:?}");
         }
     }
 
     #[test]
     fn bitwise_ops_broadcast_integers() {
         let ws = Workspace::new();
-        ws.feed("A", Tensor::from_vec(&[2, 2], vec![12i64, 10, 7, 1]).unwrap());
+        ws.feed(
+            "A",
+            Tensor::from_vec(&[2, 2], vec![12i64, 10, 7, 1]).unwrap(),
+        );
         ws.feed("B", Tensor::from_vec(&[2], vec![10i64, 3]).unwrap());
         for (op, want) in [
             ("BitwiseAnd", [8i64, 2, 2, 1]),

@@ -30,13 +30,21 @@ fn create_is_member_of(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
                 .iter()
                 .map(|&v| ints.contains(&i64::from(v)))
                 .collect(),
-            DataType::Int64 => x.as_slice::<i64>()?.iter().map(|v| ints.contains(v)).collect(),
+            DataType::Int64 => x
+                .as_slice::<i64>()?
+                .iter()
+                .map(|v| ints.contains(v))
+                .collect(),
             DataType::Bool => x
                 .as_slice::<bool>()?
                 .iter()
                 .map(|&v| ints.contains(&i64::from(v)))
                 .collect(),
-            DataType::String => x.as_strings()?.iter().map(|v| strings.contains(v)).collect(),
+            DataType::String => x
+                .as_strings()?
+                .iter()
+                .map(|v| strings.contains(v))
+                .collect(),
             other => bail!(
                 op = ctx,
                 DtypeMismatch: "IsMemberOf takes int32, int64, bool or string input, got {other}"
@@ -103,7 +111,10 @@ mod tests {
         let mut op = OperatorDef::new("ScaleBlobs", ["A", "B"], ["A", "C"]);
         op.arg.push(Argument::float("scale", 0.5));
         ws.run_operator_once(&op).unwrap();
-        assert_eq!(ws.fetch("A").unwrap().as_slice::<f32>().unwrap(), &[0.5, -1.0]);
+        assert_eq!(
+            ws.fetch("A").unwrap().as_slice::<f32>().unwrap(),
+            &[0.5, -1.0]
+        );
         assert_eq!(ws.fetch("C").unwrap().as_slice::<f32>().unwrap(), &[2.0]);
         let bad = OperatorDef::new("ScaleBlobs", ["A", "B"], ["A"]);
         assert!(ws.run_operator_once(&bad).is_err());

@@ -18,12 +18,16 @@ const IGNORE_LABEL: i32 = -1;
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
-    r.cpu("CosineSimilarity", |_| op(|ctx| rowwise(ctx, false, Dist::Cosine)));
+    r.cpu("CosineSimilarity", |_| {
+        op(|ctx| rowwise(ctx, false, Dist::Cosine))
+    });
     r.cpu("CosineSimilarityGradient", |_| {
         op(|ctx| rowwise(ctx, true, Dist::Cosine))
     });
     r.cpu("L1Distance", |_| op(|ctx| rowwise(ctx, false, Dist::L1)));
-    r.cpu("L1DistanceGradient", |_| op(|ctx| rowwise(ctx, true, Dist::L1)));
+    r.cpu("L1DistanceGradient", |_| {
+        op(|ctx| rowwise(ctx, true, Dist::L1))
+    });
     r.cpu("SpatialSoftmaxWithLoss", |i| {
         check_order(i.args.string("order", "NCHW")?, i)?;
         op(spatial_forward)
@@ -107,21 +111,21 @@ fn rowwise(ctx: &mut OpContext<'_>, gradient: bool, dist: Dist) -> Result<()> {
                 let (_, dot, xx, yy) = cosine(a, b);
                 let norm = (xx * yy).sqrt();
                 let gi = f64::from(gi);
-                for k in 0..d {
-                    let (p, q) = (f64::from(a[k]), f64::from(b[k]));
+                let n3 = norm * norm * norm;
+                for (((gx, gy), &p), &q) in dxr.iter_mut().zip(dyr.iter_mut()).zip(a).zip(b) {
+                    let (p, q) = (f64::from(p), f64::from(q));
                     if norm > COS_EPS {
-                        let n3 = norm * norm * norm;
-                        dxr[k] = (gi * (q / norm - dot * yy * p / n3)) as f32;
-                        dyr[k] = (gi * (p / norm - dot * xx * q / n3)) as f32;
+                        *gx = (gi * (q / norm - dot * yy * p / n3)) as f32;
+                        *gy = (gi * (p / norm - dot * xx * q / n3)) as f32;
                     } else {
-                        dxr[k] = (gi * q / COS_EPS) as f32;
-                        dyr[k] = (gi * p / COS_EPS) as f32;
+                        *gx = (gi * q / COS_EPS) as f32;
+                        *gy = (gi * p / COS_EPS) as f32;
                     }
                 }
             }
             Dist::L1 => {
-                for k in 0..d {
-                    let diff = a[k] - b[k];
+                for (((gx, gy), &p), &q) in dxr.iter_mut().zip(dyr.iter_mut()).zip(a).zip(b) {
+                    let diff = p - q;
                     let s = if diff > L1_EPS {
                         1.0
                     } else if diff < -L1_EPS {
@@ -129,8 +133,8 @@ fn rowwise(ctx: &mut OpContext<'_>, gradient: bool, dist: Dist) -> Result<()> {
                     } else {
                         0.0
                     };
-                    dxr[k] = gi * s;
-                    dyr[k] = -gi * s;
+                    *gx = gi * s;
+                    *gy = -gi * s;
                 }
             }
         }

@@ -79,8 +79,7 @@ fn run(ctx: &mut OpContext<'_>, bc: BroadcastArgs, kind: Kind) -> Result<()> {
     // An output may share a blob with an input (dA written over dC when the forward op ran
     // in place): such inputs are read from copies.
     let n_in = ctx.num_inputs();
-    let aliased =
-        (0..n_in).any(|i| (0..ctx.num_outputs()).any(|j| ctx.is_inplace(i, j)));
+    let aliased = (0..n_in).any(|i| (0..ctx.num_outputs()).any(|j| ctx.is_inplace(i, j)));
     let mut owned = Vec::new();
     if aliased {
         for i in 0..n_in {
@@ -97,10 +96,9 @@ fn run(ctx: &mut OpContext<'_>, bc: BroadcastArgs, kind: Kind) -> Result<()> {
     let (ins, mut outs) = ctx.split();
     let mut vals: Vec<&[f32]> = Vec::with_capacity(n_in);
     for i in 0..n_in {
-        vals.push(if aliased {
-            owned[i].as_slice()
-        } else {
-            ins.tensor(i)?.as_slice::<f32>()?
+        vals.push(match owned.get(i) {
+            Some(v) => v.as_slice(),
+            None => ins.tensor(i)?.as_slice::<f32>()?,
         });
     }
     let dc = vals[i_dc];

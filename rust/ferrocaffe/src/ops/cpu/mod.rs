@@ -72,6 +72,7 @@
 //! ```
 
 pub mod activations;
+pub mod activations_more;
 pub mod arg_ops;
 pub mod broadcast;
 pub mod cast;
@@ -85,6 +86,7 @@ pub mod db;
 pub mod depthwise;
 pub mod elementwise;
 pub mod elementwise_linear;
+pub mod elementwise_more;
 pub mod fc;
 pub mod fill;
 pub mod fp16;
@@ -94,6 +96,7 @@ pub mod im2col;
 mod kernel_tests;
 pub mod lars;
 pub mod load_save;
+pub mod losses_more;
 pub mod math;
 pub mod math_grad;
 pub mod matmul;
@@ -116,9 +119,6 @@ pub mod sigmoid_xent;
 pub mod sparse;
 pub mod sparse_optim;
 pub mod unary_grad;
-pub mod activations_more;
-pub mod elementwise_more;
-pub mod losses_more;
 
 use super::registry::Registry;
 
