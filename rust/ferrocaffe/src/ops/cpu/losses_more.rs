@@ -66,7 +66,7 @@ fn rows_of(ctx: &OpContext<'_>) -> Result<(usize, usize)> {
         y.dims()
     );
     let n = x.dims().first().copied().unwrap_or(1);
-    let d = if n == 0 { 0 } else { x.numel() / n };
+    let d = x.numel().checked_div(n).unwrap_or(0);
     Ok((n, d))
 }
 
