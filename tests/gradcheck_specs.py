@@ -612,6 +612,28 @@ SPECS = {
     "Sigmoid": _unary("Sigmoid", lambda s: uniform(s, -2.0, 2.0)),
     "Tanh": _unary("Tanh", lambda s: uniform(s, -2.0, 2.0)),
     "Softsign": _unary("Softsign", lambda s: uniform(s, -2.0, 2.0)),
+    "Elu": [
+        _c("Elu", [("X", away_from_zero((3, 4), 0.1, 2.0))]),
+        _c("Elu", [("X", away_from_zero((3, 4), 0.1, 2.0))], args={"alpha": 0.5}, variant="alpha"),
+    ],
+    "Gelu": [
+        _c("Gelu", [("X", uniform((3, 4), -2.0, 2.0))]),
+        _c("Gelu", [("X", uniform((3, 4), -2.0, 2.0))], args={"fast_gelu": 1}, variant="fast"),
+    ],
+    "HardSigmoid": [
+        _c("HardSigmoid", [("X", avoiding((3, 4), [-2.5, 2.5], -4.0, 4.0))]),
+        _c(
+            "HardSigmoid",
+            [("X", avoiding((3, 4), [0.0, 0.5], -1.0, 1.0))],
+            args={"alpha": -2.0, "beta": 1.0},
+            variant="negative_alpha",
+        ),
+    ],
+    "ReluN": [_c("ReluN", [("X", avoiding((3, 4), [0.0, 1.5], -1.0, 2.5))], args={"n": 1.5})],
+    "Swish": _unary("Swish", lambda s: uniform(s, -2.0, 2.0)),
+    "Mish": _unary("Mish", lambda s: uniform(s, -2.0, 2.0)),
+    "Sinh": _unary("Sinh", lambda s: uniform(s, -2.0, 2.0)),
+    "Cosh": _unary("Cosh", lambda s: uniform(s, -2.0, 2.0)),
     "Clip": [
         _c(
             "Clip",
@@ -710,6 +732,45 @@ SPECS = {
     ],
     "SquaredL2Distance": [
         _c("SquaredL2Distance", [("X", uniform((3, 4))), ("Y", uniform((3, 4)))], ("Z",))
+    ],
+    "CosineSimilarity": [
+        _c("CosineSimilarity", [("X", uniform((3, 4))), ("Y", uniform((3, 4)))], ("Z",))
+    ],
+    "L1Distance": [_c("L1Distance", [("X", distinct((3, 4))), ("Y", distinct((3, 4)))], ("Z",))],
+    "WeightedSigmoidCrossEntropyWithLogits": [
+        _c(
+            "WeightedSigmoidCrossEntropyWithLogits",
+            [
+                ("logits", uniform((3, 4), -2, 2)),
+                ("targets", uniform((3, 4), 0, 1)),
+                ("weights", uniform((3, 4), 0.1, 1)),
+            ],
+            check=[0],
+        )
+    ],
+    "SpatialSoftmaxWithLoss": [
+        _c(
+            "SpatialSoftmaxWithLoss",
+            [
+                ("X", uniform((2, 3, 2, 2))),
+                ("labels", lambda rng: rng.integers(-1, 3, size=(2, 2, 2)).astype(np.int32)),
+            ],
+            ("P", "loss"),
+            grads=[1],
+            check=[0],
+        ),
+        _c(
+            "SpatialSoftmaxWithLoss",
+            [
+                ("X", uniform((2, 3, 2, 2))),
+                ("labels", lambda rng: rng.integers(0, 3, size=(2, 2, 2)).astype(np.int32)),
+                ("weights", uniform((2, 2, 2), 0.5, 2.0)),
+            ],
+            ("P", "loss"),
+            grads=[1],
+            check=[0],
+            variant="weighted",
+        ),
     ],
     "DotProduct": [_c("DotProduct", [("X", uniform((3, 4))), ("Y", uniform((3, 4)))], ("Z",))],
     # -- dense layers

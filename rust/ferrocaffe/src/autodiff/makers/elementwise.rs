@@ -52,6 +52,23 @@ pub fn register(r: &mut Registry) {
         "Softsign",
         single("SoftsignGradient", &[I(0), GO(0)], &[GI(0)]),
     );
+    for (t, g) in [
+        ("Elu", "EluGradient"),
+        ("HardSigmoid", "HardSigmoidGradient"),
+        ("ReluN", "ReluNGradient"),
+    ] {
+        r.register_maker(t, single(g, &[O(0), GO(0)], &[GI(0)]));
+    }
+    for (t, g) in [
+        ("Gelu", "GeluGradient"),
+        ("Sinh", "SinhGradient"),
+        ("Cosh", "CoshGradient"),
+    ] {
+        r.register_maker(t, single(g, &[GO(0), I(0)], &[GI(0)]));
+    }
+    for (t, g) in [("Swish", "SwishGradient"), ("Mish", "MishGradient")] {
+        r.register_maker(t, single(g, &[I(0), O(0), GO(0)], &[GI(0)]));
+    }
     // Unary math whose gradient op reads X and dY, or the output and dY.
     for (t, g) in [
         ("Sin", "SinGradient"),

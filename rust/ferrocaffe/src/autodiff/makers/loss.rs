@@ -27,6 +27,27 @@ pub fn register(r: &mut Registry) {
         ),
     );
     r.register_maker(
+        "WeightedSigmoidCrossEntropyWithLogits",
+        single(
+            "WeightedSigmoidCrossEntropyWithLogitsGradient",
+            &[GO(0), I(0), I(1), I(2)],
+            &[GI(0)],
+        ),
+    );
+    r.register_maker(
+        "CosineSimilarity",
+        single(
+            "CosineSimilarityGradient",
+            &[I(0), I(1), GO(0)],
+            &[GI(0), GI(1)],
+        ),
+    );
+    r.register_maker(
+        "L1Distance",
+        single("L1DistanceGradient", &[I(0), I(1), GO(0)], &[GI(0), GI(1)]),
+    );
+    r.register_maker("SpatialSoftmaxWithLoss", spatial_softmax_with_loss);
+    r.register_maker(
         "AveragedLoss",
         single("AveragedLossGradient", &[I(0), GO(0)], &[GI(0)]),
     );
@@ -38,6 +59,15 @@ pub fn register(r: &mut Registry) {
             &[GI(0), GI(1)],
         ),
     );
+}
+
+/// `SpatialSoftmaxWithLoss`: as `SoftmaxWithLoss`, into `SpatialSoftmaxWithLossGradient`.
+fn spatial_softmax_with_loss(ctx: &mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> {
+    let mut ops = softmax_with_loss(ctx)?;
+    for op in &mut ops {
+        op.r#type = Some("SpatialSoftmaxWithLossGradient".to_string());
+    }
+    Ok(ops)
 }
 
 /// `SoftmaxWithLoss`: reads logits, labels, (weights,) the probabilities and the gradient of

@@ -120,22 +120,25 @@ fn create_sum_reduce_like(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         axis
     };
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
-        let (ins, mut outs) = ctx.split();
-        let a = ins.tensor(0)?;
-        let b_dims = ins.tensor(1)?.dims().to_vec();
-        let xs = a.as_slice::<f32>()?;
-        let nb: usize = b_dims.iter().product();
-        let mut acc = vec![0f32; nb];
-        if nb == 1 {
-            acc[0] = xs.iter().sum();
-        } else {
-            let (pre, n, post) = legacy_sizes(a.dims(), &b_dims, axis)?;
-            for_each_index(&[pre, n, post], &[n, 1], &[pre, n, post], |i, _, ib| {
-                acc[ib] += xs[i]
-            });
-        }
-        outs.tensor(0)?.ensure::<f32>(&b_dims).copy_from_slice(&acc);
-        Ok(())
+        let dt = input_dtype(ctx, 0)?;
+        dispatch!(dt, [Float => f32, Double => f64], |T| {
+            let (ins, mut outs) = ctx.split();
+            let a = ins.tensor(0)?;
+            let b_dims = ins.tensor(1)?.dims().to_vec();
+            let xs = a.as_slice::<T>()?;
+            let nb: usize = b_dims.iter().product();
+            let mut acc: Vec<T> = vec![0.0; nb];
+            if nb == 1 {
+                acc[0] = xs.iter().sum();
+            } else {
+                let (pre, n, post) = legacy_sizes(a.dims(), &b_dims, axis)?;
+                for_each_index(&[pre, n, post], &[n, 1], &[pre, n, post], |i, _, ib| {
+                    acc[ib] += xs[i]
+                });
+            }
+            outs.tensor(0)?.ensure::<T>(&b_dims).copy_from_slice(&acc);
+            Ok(())
+        })
     })))
 }
 

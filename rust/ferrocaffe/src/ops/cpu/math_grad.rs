@@ -1,6 +1,7 @@
 //! Gradient ops of the arithmetic family: AddGradient, SubGradient, MulGradient, DivGradient
 //! (inputs `dC, A, B` — Div also `C` — outputs `dA, dB`, reduced over broadcast dimensions, with
-//! the forward op's `broadcast`/`axis` arguments), AbsGradient and CopyOnDeviceLike.
+//! the forward op's `broadcast`/`axis` arguments; DivGradient also takes the older `B, C, dC`;
+//! `dA` may be written over `dC`), AbsGradient and CopyOnDeviceLike.
 
 use super::broadcast::for_each_index;
 use super::elementwise::{binary, input_meta};
@@ -63,25 +64,49 @@ fn create(init: &OpInit<'_>, kind: Kind) -> Result<Box<dyn Operator>> {
 }
 
 fn run(ctx: &mut OpContext<'_>, bc: BroadcastArgs, kind: Kind) -> Result<()> {
-    if (0..ctx.num_inputs()).any(|i| (0..ctx.num_outputs()).any(|j| ctx.is_inplace(i, j))) {
-        bail!(op = ctx, Schema: "arithmetic gradient ops cannot run in place");
-    }
-    let a_dims = ctx.input(1)?.dims().to_vec();
-    let b_dims = ctx.input(2)?.dims().to_vec();
-    let (la, lb, lc, c_dims) = bc.shapes_of(&a_dims, &b_dims)?;
-    let (ins, mut outs) = ctx.split();
-    let dc = ins.tensor(0)?;
-    if dc.dims() != c_dims.as_slice() {
-        bail!(ShapeMismatch: "dC has shape {:?}, the forward output had {c_dims:?}", dc.dims());
-    }
-    let dc = dc.as_slice::<f32>()?;
-    let a = ins.tensor(1)?.as_slice::<f32>()?;
-    let b = ins.tensor(2)?.as_slice::<f32>()?;
-    let c = match kind {
-        Kind::Div => Some(ins.tensor(3)?.as_slice::<f32>()?),
+    // DivGradient also takes Caffe2's older three inputs (B, C, dC): A has C's shape.
+    let legacy_div = matches!(kind, Kind::Div) && ctx.num_inputs() == 3;
+    let (i_dc, i_b) = if legacy_div { (2, 0) } else { (0, 2) };
+    let i_c = match kind {
+        Kind::Div if legacy_div => Some(1),
+        Kind::Div => Some(3),
         _ => None,
     };
-    let mut da = vec![0f32; a.len()];
+    // A, or in the legacy Div form C, which has A's shape.
+    let a_dims = ctx.input(1)?.dims().to_vec();
+    let b_dims = ctx.input(i_b)?.dims().to_vec();
+    let (la, lb, lc, c_dims) = bc.shapes_of(&a_dims, &b_dims)?;
+    // An output may share a blob with an input (dA written over dC when the forward op ran
+    // in place): such inputs are read from copies.
+    let n_in = ctx.num_inputs();
+    let aliased = (0..n_in).any(|i| (0..ctx.num_outputs()).any(|j| ctx.is_inplace(i, j)));
+    let mut owned = Vec::new();
+    if aliased {
+        for i in 0..n_in {
+            owned.push(ctx.input(i)?.as_slice::<f32>()?.to_vec());
+        }
+    }
+    let dc_dims = ctx.input(i_dc)?.dims().to_vec();
+    if dc_dims != c_dims {
+        bail!(
+            op = ctx,
+            ShapeMismatch: "dC has shape {dc_dims:?}, the forward output had {c_dims:?}"
+        );
+    }
+    let (ins, mut outs) = ctx.split();
+    let mut vals: Vec<&[f32]> = Vec::with_capacity(n_in);
+    for i in 0..n_in {
+        vals.push(match owned.get(i) {
+            Some(v) => v.as_slice(),
+            None => ins.tensor(i)?.as_slice::<f32>()?,
+        });
+    }
+    let dc = vals[i_dc];
+    let b = vals[i_b];
+    // Only Mul reads A (the legacy Div form has none).
+    let a = if legacy_div { &[][..] } else { vals[1] };
+    let c = i_c.map(|i| vals[i]);
+    let mut da = vec![0f32; a_dims.iter().product()];
     let mut db = vec![0f32; b.len()];
     match kind {
         Kind::Add => for_each_index(&la, &lb, &lc, |i, ia, ib| {

@@ -72,6 +72,7 @@
 //! ```
 
 pub mod activations;
+pub mod activations_more;
 pub mod arg_ops;
 pub mod broadcast;
 pub mod cast;
@@ -85,6 +86,7 @@ pub mod db;
 pub mod depthwise;
 pub mod elementwise;
 pub mod elementwise_linear;
+pub mod elementwise_more;
 pub mod fc;
 pub mod fill;
 pub mod fp16;
@@ -95,6 +97,7 @@ pub mod im2col;
 mod kernel_tests;
 pub mod lars;
 pub mod load_save;
+pub mod losses_more;
 pub mod math;
 pub mod math_grad;
 pub mod matmul;
@@ -170,4 +173,7 @@ pub fn register_all(r: &mut Registry) {
     fused_rowwise::register(r);
     utility::register(r);
     optim_more::register(r);
+    activations_more::register(r);
+    elementwise_more::register(r);
+    losses_more::register(r);
 }

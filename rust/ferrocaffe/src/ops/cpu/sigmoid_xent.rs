@@ -1,4 +1,5 @@
-//! SigmoidCrossEntropyWithLogits and its gradient.
+//! SigmoidCrossEntropyWithLogits, WeightedSigmoidCrossEntropyWithLogits (each term scaled by
+//! a weight of the logits' shape; plain loss only) and their gradients.
 //!
 //! The logits and targets share a shape; the last dimension holds the classes of one example.
 //! The loss of an example is minus the mean over its classes of the log-likelihood term:
@@ -17,6 +18,12 @@ use crate::tensor::Tensor;
 pub fn register(r: &mut Registry) {
     r.cpu("SigmoidCrossEntropyWithLogits", |i| create(i, false));
     r.cpu("SigmoidCrossEntropyWithLogitsGradient", |i| create(i, true));
+    r.cpu("WeightedSigmoidCrossEntropyWithLogits", |_| {
+        Ok(Box::new(FnOp(weighted_forward)))
+    });
+    r.cpu("WeightedSigmoidCrossEntropyWithLogitsGradient", |_| {
+        Ok(Box::new(FnOp(weighted_backward)))
+    });
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -143,6 +150,73 @@ fn backward(ctx: &mut OpContext<'_>, kind: Kind) -> Result<()> {
         let factor = -gi / inner as f32;
         for j in i * inner..(i + 1) * inner {
             dx[j] = factor * term_grad(kind, x[j], t[j]);
+        }
+    }
+    Ok(())
+}
+
+/// Checks that the weights (input `wi`) have the logits' (input `li`) shape.
+fn weights_fit(ctx: &OpContext<'_>, li: usize, wi: usize) -> Result<()> {
+    let (l, w) = (ctx.input(li)?, ctx.input(wi)?);
+    if l.dims() != w.dims() {
+        bail!(
+            ShapeMismatch: "weights '{}' {:?} must have the shape of the logits {:?}",
+            ctx.input_name(wi),
+            w.dims(),
+            l.dims()
+        );
+    }
+    Ok(())
+}
+
+/// Inputs logits, targets, weights; output the weighted loss of each example.
+fn weighted_forward(ctx: &mut OpContext<'_>) -> Result<()> {
+    same_shape(ctx, 0)?;
+    weights_fit(ctx, 0, 2)?;
+    let (ins, mut outs) = ctx.split();
+    let logits = ins.tensor(0)?;
+    let (outer, inner) = outer_inner(logits);
+    let out_dims = logits
+        .dims()
+        .split_last()
+        .map_or(Vec::new(), |(_, lead)| lead.to_vec());
+    let x = logits.as_slice::<f32>()?;
+    let t = ins.tensor(1)?.as_slice::<f32>()?;
+    let w = ins.tensor(2)?.as_slice::<f32>()?;
+    let y = outs.tensor(0)?.ensure::<f32>(&out_dims);
+    for (i, o) in y.iter_mut().enumerate().take(outer) {
+        let k = i * inner;
+        let sum: f32 = (k..k + inner)
+            .map(|j| w[j] * term(Kind::Plain, x[j], t[j]))
+            .sum();
+        *o = -sum / inner as f32;
+    }
+    Ok(())
+}
+
+/// Inputs dY, logits, targets, weights; output dlogits.
+fn weighted_backward(ctx: &mut OpContext<'_>) -> Result<()> {
+    same_shape(ctx, 1)?;
+    weights_fit(ctx, 1, 3)?;
+    let (ins, mut outs) = ctx.split();
+    let logits = ins.tensor(1)?;
+    let (outer, inner) = outer_inner(logits);
+    let g = ins.tensor(0)?.as_slice::<f32>()?;
+    if g.len() != outer {
+        bail!(
+            ShapeMismatch: "the output gradient has {} values, expected one per example ({outer})",
+            g.len()
+        );
+    }
+    let dims = logits.dims().to_vec();
+    let x = logits.as_slice::<f32>()?;
+    let t = ins.tensor(2)?.as_slice::<f32>()?;
+    let w = ins.tensor(3)?.as_slice::<f32>()?;
+    let dx = outs.tensor(0)?.ensure::<f32>(&dims);
+    for (i, &gi) in g.iter().enumerate() {
+        let factor = -gi / inner as f32;
+        for j in i * inner..(i + 1) * inner {
+            dx[j] = factor * w[j] * term_grad(Kind::Plain, x[j], t[j]);
         }
     }
     Ok(())
