@@ -242,3 +242,20 @@ def mpi_library() -> tuple[str, str, bool] | None:
 def mpi_finalize() -> bool:
     """Finalizes MPI if ferrocaffe initialized it and no request was abandoned."""
     ...
+
+# Static shape/type inference and operator cost (ferrocaffe::shape_infer).
+def infer_shapes_and_types(
+    nets: list[bytes],
+    workspace: Workspace | None = None,
+    dims: dict[str, list[int]] | None = None,
+    types: dict[str, int] | None = None,
+) -> list[tuple[str, list[int], int]]:
+    """``(name, dims, dtype)`` of every blob whose shape the nets' ops determine, starting from
+    ``dims``/``types`` when given, else from the blobs of ``workspace``."""
+    ...
+def get_operator_cost(
+    workspace: Workspace, op: bytes, blobs: list[str]
+) -> tuple[int, int, int]:
+    """``(flops, bytes_written, bytes_read)`` of a serialized operator over the shapes of the
+    workspace blobs ``blobs``."""
+    ...

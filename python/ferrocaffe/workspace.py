@@ -353,6 +353,34 @@ def RunOperatorOnce(operator):
     return True
 
 
+def GetOperatorCost(operator, blobs):
+    """``(flops, bytes_written, bytes_read)`` of ``operator`` over the current shapes of the
+    workspace blobs ``blobs`` (its inputs)."""
+    return _native.get_operator_cost(
+        _ws(), StringifyProto(operator), [StringifyBlobName(b) for b in blobs]
+    )
+
+
+def InferShapesAndTypes(nets, blob_dimensions=None, nets_proto=False, blob_types=None):
+    """Static shapes and types of the blobs of ``nets`` (``core.Net``s, or NetDefs with
+    ``nets_proto=True``), from ``blob_dimensions``/``blob_types`` when given, else from the
+    current workspace's blobs. Returns ``(shapes, types)``: dicts keyed by blob name of dims
+    lists and ``TensorProto.DataType`` numbers; blobs whose shape is unknown are left out."""
+    protos = [StringifyProto(n if nets_proto else n.Proto()) for n in nets]
+    if blob_dimensions is None:
+        assert blob_types is None
+        rows = _native.infer_shapes_and_types(protos, workspace=_ws())
+    else:
+        dims = {str(k): [int(d) for d in v] for k, v in blob_dimensions.items()}
+        types = None
+        if blob_types is not None:
+            types = {str(k): int(v) for k, v in blob_types.items()}
+        rows = _native.infer_shapes_and_types(protos, dims=dims, types=types)
+    shapes = {name: dims for name, dims, _ in rows}
+    types_out = {name: t for name, _, t in rows}
+    return shapes, types_out
+
+
 def RunOperatorsOnce(operators):
     for op in operators:
         RunOperatorOnce(op)

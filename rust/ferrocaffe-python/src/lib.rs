@@ -14,6 +14,7 @@ mod collective;
 mod cuda;
 mod errors;
 mod graph;
+mod shape_infer;
 
 use errors::{detach_guarded, guard, guard_ok, IntoPy};
 mod workspace;
@@ -91,5 +92,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     collective::register(m)?;
     cuda::register(m)?;
     workspace::register(m)?;
+    shape_infer::register(m)?;
     Ok(())
 }

@@ -136,7 +136,7 @@ fn snapshot_to_array<'py>(py: Python<'py>, snap: Snapshot) -> PyResult<Bound<'py
 /// A Rust workspace.
 #[pyclass(module = "ferrocaffe._native", name = "Workspace", frozen)]
 pub struct PyWorkspace {
-    ws: Arc<CoreWorkspace>,
+    pub(crate) ws: Arc<CoreWorkspace>,
 }
 
 #[pymethods]

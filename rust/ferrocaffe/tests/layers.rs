@@ -88,6 +88,10 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
             &["error", "proto", "device", "tensor", "workspace", "ops"][..],
         ),
         (
+            "shape_infer",
+            &["error", "proto", "workspace", "ops"][..],
+        ),
+        (
             "runtime",
             &[
                 "error",
