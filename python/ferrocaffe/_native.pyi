@@ -253,9 +253,8 @@ def infer_shapes_and_types(
     """``(name, dims, dtype)`` of every blob whose shape the nets' ops determine, starting from
     ``dims``/``types`` when given, else from the blobs of ``workspace``."""
     ...
-def get_operator_cost(
-    workspace: Workspace, op: bytes, blobs: list[str]
-) -> tuple[int, int, int]:
+
+def get_operator_cost(workspace: Workspace, op: bytes, blobs: list[str]) -> tuple[int, int, int]:
     """``(flops, bytes_written, bytes_read)`` of a serialized operator over the shapes of the
     workspace blobs ``blobs``."""
     ...

@@ -45,10 +45,7 @@ fn infer_shapes_and_types(
                     let types = types.unwrap_or_default();
                     dims.into_iter()
                         .map(|(n, d)| {
-                            let t = types
-                                .get(&n)
-                                .copied()
-                                .unwrap_or(shape_infer::dtype::FLOAT);
+                            let t = types.get(&n).copied().unwrap_or(shape_infer::dtype::FLOAT);
                             (n, BlobShape::new(d, t))
                         })
                         .collect()

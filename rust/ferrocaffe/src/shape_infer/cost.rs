@@ -70,7 +70,7 @@ fn fc(op: &OperatorDef, ins: &[BlobShape], transposed: bool) -> Result<Cost> {
     let args = Args::new(op);
     let canon = |a: i64, n: usize| -> Result<usize> {
         let n = n as i64;
-        if a < -n || a >= n {
+        if !(-n..n).contains(&a) {
             return Err(Error::Runtime(format!("axis {a} out of range")));
         }
         Ok(if a < 0 { a + n } else { a } as usize)
@@ -86,7 +86,9 @@ fn fc(op: &OperatorDef, ins: &[BlobShape], transposed: bool) -> Result<Cost> {
     });
     let size = dtype::item_size(x.dtype);
     Ok(Cost {
-        flops: m.saturating_mul(n).saturating_mul(k.saturating_mul(2).saturating_add(1)),
+        flops: m
+            .saturating_mul(n)
+            .saturating_mul(k.saturating_mul(2).saturating_add(1)),
         bytes_read: k
             .saturating_mul(m.saturating_add(n))
             .saturating_add(n)

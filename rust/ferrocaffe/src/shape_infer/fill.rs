@@ -6,7 +6,9 @@ use super::{dtype, BlobShape, Ctx, Out, Rule};
 pub(super) fn lookup(t: &str) -> Option<Rule> {
     Some(match t {
         "ConstantFill" | "GivenTensorFill" | "XavierFill" | "MSRAFill" | "GaussianFill"
-        | "UniformFill" | "RangeFill" => |c: &Ctx<'_>| filler(c, c.int("dtype", dtype::FLOAT as i64)?),
+        | "UniformFill" | "RangeFill" => {
+            |c: &Ctx<'_>| filler(c, c.int("dtype", dtype::FLOAT as i64)?)
+        }
         "GivenTensorDoubleFill" => |c: &Ctx<'_>| filler(c, dtype::DOUBLE as i64),
         "GivenTensorIntFill" | "UniformIntFill" => |c: &Ctx<'_>| filler(c, dtype::INT32 as i64),
         "GivenTensorInt64Fill" => |c: &Ctx<'_>| filler(c, dtype::INT64 as i64),

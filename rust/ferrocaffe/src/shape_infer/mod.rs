@@ -102,9 +102,9 @@ impl BlobShape {
         if self.unknown {
             return 0;
         }
-        self.dims
-            .iter()
-            .fold(1u64, |acc, &d| acc.saturating_mul(u64::try_from(d).unwrap_or(0)))
+        self.dims.iter().fold(1u64, |acc, &d| {
+            acc.saturating_mul(u64::try_from(d).unwrap_or(0))
+        })
     }
 
     /// Bytes of the elements.
@@ -199,7 +199,7 @@ impl<'a> Ctx<'a> {
     /// `axis` normalised against `ndim` (negative counts from the end).
     pub fn canonical_axis(&self, axis: i64, ndim: usize) -> std::result::Result<usize, Stop> {
         let n = ndim as i64;
-        if axis < -n || axis >= n {
+        if !(-n..n).contains(&axis) {
             return Err(self.fail(format!("axis {axis} out of range for {ndim} dims")));
         }
         Ok(if axis < 0 { axis + n } else { axis } as usize)
@@ -246,9 +246,7 @@ pub fn infer_op(op: &OperatorDef, ins: &[BlobShape]) -> Result<Vec<BlobShape>> {
             Ok(v)
         }
         Err(Stop::Unknown) => Ok(unknown()),
-        Err(Stop::Fail(msg)) => Err(Error::Runtime(format!(
-            "Shape inference error: {msg}"
-        ))),
+        Err(Stop::Fail(msg)) => Err(Error::Runtime(format!("Shape inference error: {msg}"))),
     }
 }
 

@@ -23,7 +23,10 @@ pub(super) fn lookup(t: &str) -> Option<Rule> {
         "LabelCrossEntropy" | "CrossEntropy" => label_cross_entropy,
         "SigmoidCrossEntropyWithLogits" => sigmoid_xent,
         "AveragedLoss" => |_: &Ctx<'_>| Ok(vec![BlobShape::new(vec![], dtype::FLOAT)]),
-        "SquaredL2Distance" | "L1Distance" | "DotProduct" | "CosineSimilarity"
+        "SquaredL2Distance"
+        | "L1Distance"
+        | "DotProduct"
+        | "CosineSimilarity"
         | "DotProductWithPadding" => distance,
         "MatMul" => matmul,
         "RoIPool" => roi_pool,
@@ -37,7 +40,9 @@ pub(super) fn lookup(t: &str) -> Option<Rule> {
         }
         "Fused8BitRowwiseQuantizedToFloat" => |c: &Ctx<'_>| rowwise(c, -8, dtype::FLOAT),
         "Fused8BitRowwiseQuantizedToHalfFloat" => |c: &Ctx<'_>| rowwise(c, -8, dtype::FLOAT16),
-        "Fused8BitRowwiseQuantizedHalfScaleBiasToFloat" => |c: &Ctx<'_>| rowwise(c, -4, dtype::FLOAT),
+        "Fused8BitRowwiseQuantizedHalfScaleBiasToFloat" => {
+            |c: &Ctx<'_>| rowwise(c, -4, dtype::FLOAT)
+        }
         "Fused8BitRowwiseQuantizedHalfScaleBiasToHalfFloat" => {
             |c: &Ctx<'_>| rowwise(c, -4, dtype::FLOAT16)
         }
@@ -106,7 +111,11 @@ fn pads(c: &Ctx<'_>, n: usize) -> Result<(Vec<i64>, Vec<i64>), Stop> {
         let p = c.int("pad", 0)?;
         return Ok((vec![p; n], vec![p; n]));
     }
-    if n == 2 && ["pad_t", "pad_l", "pad_b", "pad_r"].iter().any(|a| c.has(a)) {
+    if n == 2
+        && ["pad_t", "pad_l", "pad_b", "pad_r"]
+            .iter()
+            .any(|a| c.has(a))
+    {
         return Ok((
             vec![c.int("pad_t", 0)?, c.int("pad_l", 0)?],
             vec![c.int("pad_b", 0)?, c.int("pad_r", 0)?],
@@ -215,10 +224,8 @@ fn kernel_of(
     if c.flag("global_pooling")? {
         return Ok(spatial.to_vec());
     }
-    let given = c.has("kernel")
-        || c.has("kernel_h")
-        || c.has("kernel_w")
-        || !c.ints("kernels").is_empty();
+    let given =
+        c.has("kernel") || c.has("kernel_h") || c.has("kernel_w") || !c.ints("kernels").is_empty();
     if !given {
         if let Some(w) = w {
             if w.dims.len() == n + 2 {
@@ -240,17 +247,18 @@ fn conv_pool(c: &Ctx<'_>, kind: Kind) -> Out {
     let (n, ch, spatial) = split_image(c, x, nhwc)?;
     let (w, out_ch) = if kind == Kind::Conv {
         let w = c.input(1)?;
-        let m = *w
-            .dims
-            .first()
-            .ok_or_else(|| c.fail("filter has no dims"))?;
+        let m = *w.dims.first().ok_or_else(|| c.fail("filter has no dims"))?;
         (Some(w), m)
     } else {
         (None, ch)
     };
     let kernel = kernel_of(c, &spatial, w, nhwc)?;
     let out = spatial_out(c, &spatial, &kernel)?;
-    let dt = if kind == Kind::Conv { dtype::FLOAT } else { x.dtype };
+    let dt = if kind == Kind::Conv {
+        dtype::FLOAT
+    } else {
+        x.dtype
+    };
     Ok(vec![BlobShape::new(image(n, out_ch, out, nhwc), dt)])
 }
 

@@ -21,13 +21,19 @@ pub(super) fn lookup(t: &str) -> Option<Rule> {
         "ExpandDims" => expand_dims,
         "NHWC2NCHW" => nhwc2nchw,
         "NCHW2NHWC" => nchw2nhwc,
-        "ReduceFrontSum" | "ReduceFrontMean" | "ReduceFrontMax" => |c: &Ctx<'_>| reduce_front_back(c, true),
-        "ReduceBackSum" | "ReduceBackMean" | "ReduceBackMax" => |c: &Ctx<'_>| reduce_front_back(c, false),
+        "ReduceFrontSum" | "ReduceFrontMean" | "ReduceFrontMax" => {
+            |c: &Ctx<'_>| reduce_front_back(c, true)
+        }
+        "ReduceBackSum" | "ReduceBackMean" | "ReduceBackMax" => {
+            |c: &Ctx<'_>| reduce_front_back(c, false)
+        }
         "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2" => reduce,
         "Unique" => unique,
         "LengthsSum" | "LengthsMean" | "LengthsMax" => |c: &Ctx<'_>| segments(c, 0, 1),
         "LengthsWeightedSum" => |c: &Ctx<'_>| segments(c, 0, 2),
-        "SparseLengthsSum" | "SparseLengthsMean" | "SparseLengthsMax" => |c: &Ctx<'_>| segments(c, 0, 2),
+        "SparseLengthsSum" | "SparseLengthsMean" | "SparseLengthsMax" => {
+            |c: &Ctx<'_>| segments(c, 0, 2)
+        }
         "SparseLengthsWeightedSum" => |c: &Ctx<'_>| segments(c, 0, 3),
         "LengthsPad" => lengths_pad,
         "Shape" => shape,
@@ -252,7 +258,7 @@ fn flatten(c: &Ctx<'_>) -> Out {
     let x = c.input(0)?;
     let axis = c.int("axis", 1)?;
     let n = x.dims.len() as i64;
-    if axis < 0 || axis > n {
+    if !(0..=n).contains(&axis) {
         return Err(c.fail(format!("axis {axis} out of range for {n} dims")));
     }
     let axis = axis as usize;

@@ -60,7 +60,11 @@ fn conv_and_pool_in_both_orders() {
                 "Conv",
                 &["x", "w"],
                 &["y"],
-                vec![Argument::int("kernel", 7), Argument::int("stride", 2), Argument::int("pad", 3)],
+                vec![
+                    Argument::int("kernel", 7),
+                    Argument::int("stride", 2),
+                    Argument::int("pad", 3),
+                ],
             ),
             op(
                 "MaxPool",
@@ -97,17 +101,33 @@ fn conv_and_pool_in_both_orders() {
 fn concat_split_and_types() {
     let r = run(
         vec![
-            op("Concat", &["a", "b"], &["c", "info"], vec![Argument::int("axis", 1)]),
+            op(
+                "Concat",
+                &["a", "b"],
+                &["c", "info"],
+                vec![Argument::int("axis", 1)],
+            ),
             op(
                 "Concat",
                 &["a", "a"],
                 &["g"],
-                vec![Argument::int("add_axis", 1), Argument::string("order", "NHWC")],
+                vec![
+                    Argument::int("add_axis", 1),
+                    Argument::string("order", "NHWC"),
+                ],
             ),
-            op("Split", &["c"], &["s1", "s2"], vec![ints("split", &[5, 16])]),
+            op(
+                "Split",
+                &["c"],
+                &["s1", "s2"],
+                vec![ints("split", &[5, 16])],
+            ),
             op("Split", &["a", "sizes"], &["t1", "t2"], vec![]),
         ],
-        &[("a", s(&[10, 12, 9, 10], INT32)), ("b", s(&[10, 9, 9, 10], INT32))],
+        &[
+            ("a", s(&[10, 12, 9, 10], INT32)),
+            ("b", s(&[10, 9, 9, 10], INT32)),
+        ],
     );
     assert_eq!(r["c"], s(&[10, 21, 9, 10], INT32));
     assert_eq!(r["info"], s(&[2], INT32));
@@ -122,10 +142,18 @@ fn reshape_and_its_gradient() {
     grad.is_gradient_op = Some(true);
     let r = run(
         vec![
-            op("Reshape", &["x"], &["y", "old"], vec![ints("shape", &[8, 0, -1, 2])]),
+            op(
+                "Reshape",
+                &["x"],
+                &["y", "old"],
+                vec![ints("shape", &[8, 0, -1, 2])],
+            ),
             grad,
         ],
-        &[("x", s(&[4, 26, 32], FLOAT)), ("y_grad", BlobShape::unknown())],
+        &[
+            ("x", s(&[4, 26, 32], FLOAT)),
+            ("y_grad", BlobShape::unknown()),
+        ],
     );
     assert_eq!(r["y"].dims, vec![8, 26, 8, 2]);
     assert_eq!(r["old"], s(&[3], INT64));
@@ -135,7 +163,12 @@ fn reshape_and_its_gradient() {
 #[test]
 fn inconsistent_op_empties_the_result() {
     let r = run(
-        vec![op("Reshape", &["x"], &["y", "old"], vec![ints("shape", &[5, -1])])],
+        vec![op(
+            "Reshape",
+            &["x"],
+            &["y", "old"],
+            vec![ints("shape", &[5, -1])],
+        )],
         &[("x", s(&[4, 3], FLOAT))],
     );
     assert!(r.is_empty());
@@ -143,10 +176,19 @@ fn inconsistent_op_empties_the_result() {
 
 #[test]
 fn unknown_inputs_and_gradient_fallback() {
-    let mut g = op("ConvGradient", &["x", "w", "dy"], &["w_grad", "x_grad"], vec![]);
+    let mut g = op(
+        "ConvGradient",
+        &["x", "w", "dy"],
+        &["w_grad", "x_grad"],
+        vec![],
+    );
     g.is_gradient_op = Some(true);
     let r = run(
-        vec![op("Relu", &["missing"], &["r"], vec![]), op("NoSuchOp", &["x"], &["z"], vec![]), g],
+        vec![
+            op("Relu", &["missing"], &["r"], vec![]),
+            op("NoSuchOp", &["x"], &["z"], vec![]),
+            g,
+        ],
         &[("x", s(&[2, 3], DOUBLE)), ("w", s(&[4], FLOAT))],
     );
     assert!(r["r"].unknown);
@@ -160,12 +202,31 @@ fn elementwise_broadcast_cast_and_compare() {
     let r = run(
         vec![
             op("Add", &["a", "b"], &["c"], vec![]),
-            op("Add", &["a", "d"], &["e"], vec![Argument::int("broadcast", 1)]),
+            op(
+                "Add",
+                &["a", "d"],
+                &["e"],
+                vec![Argument::int("broadcast", 1)],
+            ),
             op("GT", &["a", "b"], &["f"], vec![]),
-            op("Cast", &["a"], &["g"], vec![Argument::int("to", INT64 as i64)]),
-            op("Cast", &["a"], &["h"], vec![Argument::string("to", "double")]),
+            op(
+                "Cast",
+                &["a"],
+                &["g"],
+                vec![Argument::int("to", INT64 as i64)],
+            ),
+            op(
+                "Cast",
+                &["a"],
+                &["h"],
+                vec![Argument::string("to", "double")],
+            ),
         ],
-        &[("a", s(&[4, 1, 3], FLOAT)), ("b", s(&[5, 1], FLOAT)), ("d", s(&[3], FLOAT))],
+        &[
+            ("a", s(&[4, 1, 3], FLOAT)),
+            ("b", s(&[5, 1], FLOAT)),
+            ("d", s(&[3], FLOAT)),
+        ],
     );
     assert_eq!(r["c"], s(&[4, 5, 3], FLOAT));
     assert_eq!(r["e"], s(&[4, 1, 3], FLOAT));
@@ -179,12 +240,27 @@ fn tensor_manipulations() {
     let r = run(
         vec![
             op("Transpose", &["x"], &["t"], vec![ints("axes", &[1, 2, 0])]),
-            op("Slice", &["x"], &["sl"], vec![ints("starts", &[0, 1]), ints("ends", &[-1, -2])]),
-            op("Tile", &["x"], &["ti"], vec![Argument::int("tiles", 3), Argument::int("axis", 1)]),
+            op(
+                "Slice",
+                &["x"],
+                &["sl"],
+                vec![ints("starts", &[0, 1]), ints("ends", &[-1, -2])],
+            ),
+            op(
+                "Tile",
+                &["x"],
+                &["ti"],
+                vec![Argument::int("tiles", 3), Argument::int("axis", 1)],
+            ),
             op("Gather", &["x", "idx"], &["ga"], vec![]),
             op("Flatten", &["x"], &["fl"], vec![Argument::int("axis", 2)]),
             op("ReduceBackSum", &["x"], &["rb"], vec![]),
-            op("ReduceMean", &["x"], &["rm"], vec![ints("axes", &[1]), Argument::int("keepdims", 0)]),
+            op(
+                "ReduceMean",
+                &["x"],
+                &["rm"],
+                vec![ints("axes", &[1]), Argument::int("keepdims", 0)],
+            ),
             op("Squeeze", &["q"], &["sq"], vec![ints("dims", &[3, 1])]),
             op("Shape", &["x"], &["sh"], vec![]),
             op("Unique", &["u"], &["uy", "remap"], vec![]),
@@ -211,7 +287,12 @@ fn tensor_manipulations() {
 
 #[test]
 fn costs() {
-    let split = op("Split", &["x", "sizes"], &["a", "b", "c"], vec![Argument::int("axis", 1)]);
+    let split = op(
+        "Split",
+        &["x", "sizes"],
+        &["a", "b", "c"],
+        vec![Argument::int("axis", 1)],
+    );
     let c = operator_cost(&split, &[s(&[2, 3], INT32), s(&[3], INT32)]).unwrap();
     assert_eq!((c.flops, c.bytes_written, c.bytes_read), (0, 24, 36));
     let concat = op("Concat", &["a", "b"], &["y", "info"], vec![]);
@@ -223,7 +304,12 @@ fn costs() {
     assert_eq!(c.bytes_read, (5 * 7 + 3) * 4);
     assert_eq!(c.bytes_written, 12 * 4);
     assert_eq!(c.params_bytes, (15 + 3) * 4);
-    let conv = op("Conv", &["x", "w"], &["y"], vec![Argument::int("kernel", 3)]);
+    let conv = op(
+        "Conv",
+        &["x", "w"],
+        &["y"],
+        vec![Argument::int("kernel", 3)],
+    );
     let c = operator_cost(&conv, &[s(&[1, 2, 5, 5], FLOAT), s(&[4, 2, 3, 3], FLOAT)]).unwrap();
     assert_eq!(c.flops, 3 * 3 * 3 * 3 * 2 * 4 * 2);
     assert_eq!(c.bytes_written, 4 * 9 * 4);
@@ -231,4 +317,111 @@ fn costs() {
     let c = operator_cost(&add, &[s(&[6], FLOAT), s(&[6], FLOAT)]).unwrap();
     assert_eq!((c.flops, c.bytes_read, c.bytes_written), (6, 48, 24));
     assert!(operator_cost(&op("NoSuchOp", &[], &[], vec![]), &[]).is_err());
+}
+
+#[test]
+fn layers_caffe2_shape_inference_test_uses() {
+    let r = run(
+        vec![
+            op("L1Distance", &["x1", "y1"], &["d1"], vec![]),
+            op("DotProductWithPadding", &["x2", "z2"], &["d2"], vec![]),
+            op("ReduceFrontMean", &["x"], &["rf"], vec![]),
+            op(
+                "ReduceBackMax",
+                &["x"],
+                &["rb"],
+                vec![Argument::int("num_reduce_dim", 2)],
+            ),
+            op(
+                "Im2Col",
+                &["img"],
+                &["cols"],
+                vec![
+                    Argument::int("pad", 1),
+                    Argument::int("kernel_h", 8),
+                    Argument::int("kernel_w", 4),
+                    Argument::int("dilation", 2),
+                    Argument::int("stride", 2),
+                ],
+            ),
+            op(
+                "Im2Col",
+                &["imgh"],
+                &["colsh"],
+                vec![
+                    Argument::int("pad", 1),
+                    Argument::int("kernel", 4),
+                    Argument::int("dilation", 2),
+                    Argument::int("stride", 2),
+                    Argument::string("order", "NHWC"),
+                ],
+            ),
+            op(
+                "RoIPool",
+                &["img", "rois"],
+                &["pooled", "argmaxes"],
+                vec![Argument::int("pooled_h", 4), Argument::int("pooled_w", 5)],
+            ),
+            op("MakeTwoClass", &["v"], &["v2"], vec![]),
+            op(
+                "LengthsPad",
+                &["data", "lengths"],
+                &["padded"],
+                vec![Argument::int("target_length", 10)],
+            ),
+            op(
+                "FloatToFused8BitRowwiseQuantized",
+                &["data"],
+                &["q"],
+                vec![],
+            ),
+            op(
+                "Fused8BitRowwiseQuantizedToHalfFloat",
+                &["q"],
+                &["h"],
+                vec![],
+            ),
+            op(
+                "SpatialSoftmaxWithLoss",
+                &["img", "labels"],
+                &["sm", "loss"],
+                vec![],
+            ),
+            op(
+                "PadImage",
+                &["img"],
+                &["pad"],
+                vec![Argument::int("pad_t", 100), Argument::int("pad_r", 20)],
+            ),
+        ],
+        &[
+            ("x1", s(&[10], FLOAT)),
+            ("y1", s(&[10], FLOAT)),
+            ("x2", s(&[10, 5], FLOAT)),
+            ("z2", s(&[10, 4], FLOAT)),
+            ("x", s(&[10, 12, 18], FLOAT)),
+            ("img", s(&[16, 3, 228, 114], FLOAT)),
+            ("imgh", s(&[16, 228, 228, 3], FLOAT)),
+            ("rois", s(&[2, 5], FLOAT)),
+            ("v", s(&[32], FLOAT)),
+            ("data", s(&[6, 32], FLOAT)),
+            ("lengths", s(&[3], INT32)),
+            ("labels", s(&[16, 228, 114], INT32)),
+        ],
+    );
+    assert_eq!(r["d1"], s(&[10], FLOAT));
+    assert_eq!(r["d2"], s(&[10], FLOAT));
+    assert_eq!(r["rf"].dims, vec![12, 18]);
+    assert_eq!(r["rb"].dims, vec![10]);
+    assert_eq!(r["cols"].dims, vec![16, 96, 108, 55]);
+    assert_eq!(r["colsh"].dims, vec![16, 112, 112, 48]);
+    assert_eq!(r["pooled"], s(&[2, 3, 4, 5], FLOAT));
+    assert_eq!(r["argmaxes"], s(&[2, 3, 4, 5], INT32));
+    assert_eq!(r["v2"].dims, vec![32, 2]);
+    assert_eq!(r["padded"].dims, vec![30, 32]);
+    assert_eq!(r["q"], s(&[6, 40], UINT8));
+    assert_eq!(r["h"], s(&[6, 32], FLOAT16));
+    assert_eq!(r["sm"], s(&[16, 3, 228, 114], FLOAT));
+    assert_eq!(r["loss"], s(&[], FLOAT));
+    assert_eq!(r["pad"].dims, vec![16, 3, 328, 134]);
 }
