@@ -343,10 +343,10 @@ fn dropout(c: &Ctx<'_>) -> Out {
 
 fn softmax_with_loss(c: &Ctx<'_>) -> Out {
     let x = c.input(0)?;
-    let axis = c.canonical_axis(c.int("axis", 1)?, x.dims.len())?;
-    let dims = vec![size_to(&x.dims, axis), size_from(&x.dims, axis)];
+    // The probabilities have the logits' shape (what the kernel produces, whatever `axis`).
+    c.canonical_axis(c.int("axis", 1)?, x.dims.len())?;
     Ok(vec![
-        BlobShape::new(dims, x.dtype),
+        BlobShape::new(x.dims.clone(), x.dtype),
         BlobShape::new(vec![], dtype::FLOAT),
     ])
 }

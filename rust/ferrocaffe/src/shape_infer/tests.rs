@@ -424,4 +424,6 @@ fn layers_caffe2_shape_inference_test_uses() {
     assert_eq!(r["sm"], s(&[16, 3, 228, 114], FLOAT));
     assert_eq!(r["loss"], s(&[], FLOAT));
     assert_eq!(r["pad"].dims, vec![16, 3, 328, 134]);
+    assert_eq!(r["probs"], s(&[10, 12, 18], FLOAT));
+    assert_eq!(r["xent"], s(&[], FLOAT));
 }
