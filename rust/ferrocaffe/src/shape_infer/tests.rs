@@ -388,6 +388,12 @@ fn layers_caffe2_shape_inference_test_uses() {
                 vec![],
             ),
             op(
+                "SoftmaxWithLoss",
+                &["x", "lab"],
+                &["probs", "xent"],
+                vec![Argument::int("axis", 2)],
+            ),
+            op(
                 "PadImage",
                 &["img"],
                 &["pad"],
