@@ -158,6 +158,14 @@ def test_softmax_with_loss():
     assert infer_run_compare(m) == 4
 
 
+def test_softmax_with_loss_along_axis_2():
+    m = model_helper.ModelHelper(name="swl2")
+    m.SoftmaxWithLoss(["logits", "labels"], ["probs", "loss"], axis=2)
+    feed("logits", (2, 2, 4))
+    workspace.FeedBlob("labels", np.array([[0, 3], [1, 2]], dtype=np.int32))
+    assert infer_run_compare(m) == 4
+
+
 def test_runtime_data_leaves_shapes_unknown():
     net = core.Net("u")
     net.Reshape(["x", "new_shape"], ["y", "old"])
