@@ -217,8 +217,8 @@ def test_operator_cost_of_a_convolution():
     cost = workspace.GetOperatorCost(op.SerializeToString(), ["X", "W"])
     assert cost == (1152, 256, 4168)
     assert cost.flops == 1152 and cost.bytes_read == 4168
-    with pytest.raises(RuntimeError, match="cost"):
-        workspace.GetOperatorCost(core.CreateOperator("Relu", ["X"], ["Y"]), ["X"])
+    with pytest.raises(RuntimeError, match="[Cc]ost"):
+        workspace.GetOperatorCost(core.CreateOperator("Softsign", ["X"], ["Y"]), ["X"])
 
 
 def _conv_model():

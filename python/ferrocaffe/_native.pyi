@@ -257,6 +257,18 @@ def apply_transform(name: str, net: bytes) -> bytes:
     """The serialized NetDef `net` rewritten by the transform registered as `name`."""
     ...
 
-def operator_cost(op: bytes, inputs: list[tuple[list[int], int]]) -> tuple[int, int, int]:
-    """`(flops, bytes_written, bytes_read)` of an OperatorDef over `(dims, item_size)` inputs."""
+# Static shape/type inference and operator cost (ferrocaffe::shape_infer).
+def infer_shapes_and_types(
+    nets: list[bytes],
+    workspace: Workspace | None = None,
+    dims: dict[str, list[int]] | None = None,
+    types: dict[str, int] | None = None,
+) -> list[tuple[str, list[int], int]]:
+    """``(name, dims, dtype)`` of every blob whose shape the nets' ops determine, starting from
+    ``dims``/``types`` when given, else from the blobs of ``workspace``."""
+    ...
+
+def get_operator_cost(workspace: Workspace, op: bytes, blobs: list[str]) -> tuple[int, int, int]:
+    """``(flops, bytes_written, bytes_read)`` of a serialized operator over the shapes of the
+    workspace blobs ``blobs``."""
     ...

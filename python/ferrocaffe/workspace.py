@@ -11,6 +11,7 @@ Nets, ops and plans are accepted as protobuf messages or as anything with ``.Pro
 Python threads can run different nets on one workspace.
 """
 
+import collections
 import contextlib
 import shutil
 import tempfile
@@ -313,23 +314,6 @@ def GetBlobSizeBytes(name):
     return _ws().blob_nbytes(StringifyBlobName(name))
 
 
-def GetOperatorCost(operator, blobs):
-    """Caffe2's cost estimate of ``operator`` over the current values of its input ``blobs``:
-    ``Cost(flops, bytes_written, bytes_read)``; a RuntimeError for an op type Caffe2 had no
-    cost function for."""
-    from collections import namedtuple
-
-    ws = _ws()
-    shapes = []
-    for b in blobs:
-        value = ws.fetch(StringifyBlobName(b))
-        if not isinstance(value, np.ndarray):
-            raise RuntimeError("GetOperatorCost: blob %r holds no tensor" % (str(b),))
-        shapes.append((list(value.shape), int(value.dtype.itemsize)))
-    cost = _native.operator_cost(StringifyProto(operator), shapes)
-    return namedtuple("Cost", ["flops", "bytes_written", "bytes_read"])(*cost)
-
-
 # -- torch tensors bound to blobs ------------------------------------------------------------
 #
 # In Caffe2 a torch tensor from FetchTorch, or fed with FeedBlob, was the blob's own tensor.
@@ -509,6 +493,40 @@ def RunOperatorOnce(operator):
     ws = _ws()
     _run(ws, ws.run_operator_once, StringifyProto(operator))
     return True
+
+
+_Cost = collections.namedtuple("Cost", ["flops", "bytes_written", "bytes_read"])
+
+
+def GetOperatorCost(operator, blobs):
+    """Caffe2's cost estimate of ``operator`` over the current shapes of its input ``blobs``:
+    ``Cost(flops, bytes_written, bytes_read)``; a RuntimeError for an op type Caffe2 had no
+    cost function for."""
+    return _Cost(
+        *_native.get_operator_cost(
+            _ws(), StringifyProto(operator), [StringifyBlobName(b) for b in blobs]
+        )
+    )
+
+
+def InferShapesAndTypes(nets, blob_dimensions=None, nets_proto=False, blob_types=None):
+    """Static shapes and types of the blobs of ``nets`` (``core.Net``s, or NetDefs with
+    ``nets_proto=True``), from ``blob_dimensions``/``blob_types`` when given, else from the
+    current workspace's blobs. Returns ``(shapes, types)``: dicts keyed by blob name of dims
+    lists and ``TensorProto.DataType`` numbers; blobs whose shape is unknown are left out."""
+    protos = [StringifyProto(n if nets_proto else n.Proto()) for n in nets]
+    if blob_dimensions is None:
+        assert blob_types is None
+        rows = _native.infer_shapes_and_types(protos, workspace=_ws())
+    else:
+        dims = {str(k): [int(d) for d in v] for k, v in blob_dimensions.items()}
+        types = None
+        if blob_types is not None:
+            types = {str(k): int(v) for k, v in blob_types.items()}
+        rows = _native.infer_shapes_and_types(protos, dims=dims, types=types)
+    shapes = {name: dims for name, dims, _ in rows}
+    types_out = {name: t for name, _, t in rows}
+    return shapes, types_out
 
 
 def RunOperatorsOnce(operators):

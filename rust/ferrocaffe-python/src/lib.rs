@@ -15,6 +15,7 @@ mod cuda;
 mod errors;
 mod graph;
 mod python_op;
+mod shape_infer;
 
 use errors::{detach_guarded, guard, guard_ok, IntoPy};
 mod workspace;
@@ -95,5 +96,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     cuda::register(m)?;
     workspace::register(m)?;
     python_op::register(m)?;
+    shape_infer::register(m)?;
     Ok(())
 }

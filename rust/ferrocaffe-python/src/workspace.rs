@@ -147,7 +147,7 @@ fn array_over<'py>(py: Python<'py>, snap: Snapshot, writable: bool) -> PyResult<
 /// A Rust workspace.
 #[pyclass(module = "ferrocaffe._native", name = "Workspace", frozen)]
 pub struct PyWorkspace {
-    ws: Arc<CoreWorkspace>,
+    pub(crate) ws: Arc<CoreWorkspace>,
 }
 
 impl PyWorkspace {
@@ -524,25 +524,8 @@ fn apply_transform<'py>(py: Python<'py>, name: &str, net: &[u8]) -> PyResult<Bou
     })
 }
 
-/// `(flops, bytes_written, bytes_read)` of the serialized OperatorDef `op` over inputs of
-/// these `(dims, item_size)` shapes (Caffe2's `get_operator_cost`).
-#[pyfunction]
-fn operator_cost(op: &[u8], inputs: Vec<(Vec<u64>, u64)>) -> PyResult<(u64, u64, u64)> {
-    guard("operator_cost", || {
-        use ferrocaffe::schema::cost::{op_cost, InputShape};
-        let def: OperatorDef = proto::decode(op).py()?;
-        let shapes: Vec<InputShape> = inputs
-            .into_iter()
-            .map(|(dims, item_size)| InputShape { dims, item_size })
-            .collect();
-        let c = op_cost(&def, &shapes).py()?;
-        Ok((c.flops, c.bytes_written, c.bytes_read))
-    })
-}
-
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(apply_transform, m)?)?;
-    m.add_function(wrap_pyfunction!(operator_cost, m)?)?;
     m.add_class::<PyWorkspace>()?;
     m.add_class::<TensorBuffer>()?;
     m.add_function(wrap_pyfunction!(kernel_types, m)?)?;

@@ -41,6 +41,7 @@ pub mod rnn;
 pub mod runtime;
 pub mod schema;
 pub mod serialize;
+pub mod shape_infer;
 pub mod tensor;
 pub mod threads;
 pub mod wire;

@@ -87,6 +87,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
             "collective",
             &["error", "proto", "device", "tensor", "workspace", "ops"][..],
         ),
+        ("shape_infer", &["error", "proto", "workspace", "ops"][..]),
         (
             "runtime",
             &[

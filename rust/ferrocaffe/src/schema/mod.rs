@@ -5,7 +5,6 @@
 //! runtime (which checks every op against its schema when it is created); it depends only on
 //! [`crate::proto`].
 
-pub mod cost;
 mod table;
 
 use crate::bail;
