@@ -1,7 +1,7 @@
 //! Pass-through and bookkeeping operators (`Alias`, `Copy`, `ZeroGradient`), and the op types
 //! registered without a maker: `NO_GRADIENT` and `SHOULD_NOT_DO_GRADIENT` ones.
 
-use super::util::{arg_f, gop, grad_in, grad_out, input, set_dense, single, Slot::*};
+use super::util::{arg_f, fail, gop, grad_in, grad_out, input, set_dense, single, Slot::*};
 use crate::autodiff::maker::MakerCtx;
 use crate::autodiff::registry::{GradientKind, Registry};
 use crate::error::Result;
@@ -9,6 +9,8 @@ use crate::proto::OperatorDef;
 
 /// Op types whose inputs get no gradient (fills, counters, `StopGradient`...).
 pub const NO_GRADIENT: &[&str] = &[
+    "OneHot",
+    "GatherPadding",
     "AtomicIter",
     "ConstantFill",
     "EnsureCPUOutput",
@@ -70,6 +72,8 @@ pub const SHOULD_NOT_DO_GRADIENT: &[&str] = &[
 /// Registers the pass-through makers and the gradient-less op types.
 pub fn register(r: &mut Registry) {
     r.register_maker("SequenceMask", sequence_mask);
+    r.register_maker("AddPadding", add_padding);
+    r.register_maker("RemovePadding", remove_padding);
     for t in NO_GRADIENT {
         r.register(t, GradientKind::NoGradient);
     }
@@ -115,6 +119,40 @@ fn sequence_mask(ctx: &mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> {
         ins.push(input(ctx, 1)?);
     }
     Ok(vec![gop("SequenceMask", ins, vec![grad_in(ctx, 0)?], args)])
+}
+
+/// The gradient inputs of the padding ops: the output gradient, and the forward op's output
+/// lengths when it had lengths (they describe the gradient's segments).
+fn padding_grad_inputs(ctx: &MakerCtx<'_>) -> Result<Vec<String>> {
+    let mut ins = vec![grad_out(ctx, 0)?];
+    if ctx.def.input.len() > 1 {
+        if ctx.def.output.len() < 2 {
+            return Err(fail(ctx, "needs its lengths output (output 1) for the gradient"));
+        }
+        ins.push(ctx.def.output[1].clone());
+    }
+    Ok(ins)
+}
+
+/// `AddPadding`: `RemovePadding` of the gradient; with padding inputs, `GatherPadding` sums the
+/// padding rows' gradient into theirs.
+fn add_padding(ctx: &mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> {
+    let ins = padding_grad_inputs(ctx)?;
+    let mut ops = vec![gop("RemovePadding", ins.clone(), vec![grad_in(ctx, 0)?], vec![])];
+    if ctx.def.input.len() >= 3 {
+        let mut outs = vec![grad_in(ctx, 2)?];
+        if ctx.def.input.len() == 4 {
+            outs.push(grad_in(ctx, 3)?);
+        }
+        ops.push(gop("GatherPadding", ins, outs, vec![]));
+    }
+    Ok(ops)
+}
+
+/// `RemovePadding`: `AddPadding` (zeros) of the gradient.
+fn remove_padding(ctx: &mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> {
+    let ins = padding_grad_inputs(ctx)?;
+    Ok(vec![gop("AddPadding", ins, vec![grad_in(ctx, 0)?], vec![])])
 }
 
 #[cfg(test)]

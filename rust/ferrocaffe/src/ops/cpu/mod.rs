@@ -108,6 +108,7 @@ pub mod norm;
 pub mod optim;
 pub mod optim_more;
 pub mod pad_image;
+pub mod padding;
 pub(crate) mod par;
 pub mod pool;
 pub mod queue;
@@ -176,4 +177,5 @@ pub fn register_all(r: &mut Registry) {
     activations_more::register(r);
     elementwise_more::register(r);
     losses_more::register(r);
+    padding::register(r);
 }
