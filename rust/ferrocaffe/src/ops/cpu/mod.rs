@@ -116,6 +116,7 @@ pub mod sigmoid_xent;
 pub mod sparse;
 pub mod sparse_optim;
 pub mod unary_grad;
+pub mod conv_nd;
 
 use super::registry::Registry;
 
