@@ -133,10 +133,7 @@ impl NdGeometry {
             global,
         };
         if let Some(rank) = g.rank() {
-            for (name, len) in [
-                ("strides", g.stride.len()),
-                ("dilations", g.dilation.len()),
-            ] {
+            for (name, len) in [("strides", g.stride.len()), ("dilations", g.dilation.len())] {
                 if len != 0 && len != rank {
                     bail!(
                         op = init,
@@ -427,7 +424,8 @@ impl ConvRun {
                 for (t, dst) in row.chunks_mut(cg).enumerate() {
                     match self.table[t * o + p] {
                         PAD => dst.fill(0.0),
-                        i => dst.copy_from_slice(&xi[i * self.c + gi * cg..i * self.c + gi * cg + cg]),
+                        i => dst
+                            .copy_from_slice(&xi[i * self.c + gi * cg..i * self.c + gi * cg + cg]),
                     }
                 }
             }
@@ -855,7 +853,9 @@ impl Operator for PoolNd {
                         y[at(img, ch, q, o)] = match self.kind {
                             PoolKind::Max => vals.fold(f32::MIN, f32::max),
                             PoolKind::Average => vals.sum::<f32>() / win.divisor[q],
-                            PoolKind::Lp(p) => vals.map(|v| v.abs().powf(p)).sum::<f32>().powf(1.0 / p),
+                            PoolKind::Lp(p) => {
+                                vals.map(|v| v.abs().powf(p)).sum::<f32>().powf(1.0 / p)
+                            }
                         };
                     }
                 }

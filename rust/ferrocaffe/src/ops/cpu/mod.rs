@@ -78,6 +78,7 @@ pub mod cast;
 pub mod compare;
 pub mod conv;
 pub mod conv_args;
+pub mod conv_nd;
 pub mod conv_transpose;
 pub mod copy;
 pub mod counters;
@@ -116,7 +117,6 @@ pub mod sigmoid_xent;
 pub mod sparse;
 pub mod sparse_optim;
 pub mod unary_grad;
-pub mod conv_nd;
 
 use super::registry::Registry;
 

@@ -69,7 +69,14 @@ pub(crate) struct Win {
 /// The windows of the `out` output positions of an axis of `inp` values, kernel `k`, stride
 /// `s`, padding `p0` before and `p1` after: output `o` covers `o * s - p0 .. o * s - p0 + k`,
 /// clipped to `-p0 .. inp + p1` for the span and to `0 .. inp` for the indices.
-pub(crate) fn axis_windows(out: usize, inp: usize, k: usize, s: usize, p0: usize, p1: usize) -> Vec<Win> {
+pub(crate) fn axis_windows(
+    out: usize,
+    inp: usize,
+    k: usize,
+    s: usize,
+    p0: usize,
+    p1: usize,
+) -> Vec<Win> {
     let big = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
     let (inp_i, k, s, p0, p1) = (big(inp), big(k), big(s), big(p0), big(p1));
     (0..out)

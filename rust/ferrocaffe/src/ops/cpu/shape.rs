@@ -178,9 +178,10 @@ fn new_shape(spec: &[i64], old: &[usize], total: usize) -> Result<Vec<usize>> {
                 out.push(1);
             }
             0 if total != 0 => out.push(old.get(i).copied().unwrap_or(0)),
-            s if s >= 0 => out.push(usize::try_from(s).map_err(|_| {
-                err!(BadArgument: "Dimension {s} in the new shape is invalid")
-            })?),
+            s if s >= 0 => out.push(
+                usize::try_from(s)
+                    .map_err(|_| err!(BadArgument: "Dimension {s} in the new shape is invalid"))?,
+            ),
             s => bail!(BadArgument: "Dimension {s} in the new shape is invalid"),
         }
     }
@@ -537,7 +538,8 @@ fn write_split(
 /// output `i` takes the sum of run `i` along `axis` (times `input dim / sum of lengths` with
 /// `use_scaling_lengths`).
 fn create_split_by_lengths(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
-    let axis = order_axis(init)?;
+    // Unlike Split, the axis does not follow `order`: 0 unless given.
+    let axis = init.args.int("axis", 0)?;
     let scaling = init.args.bool("use_scaling_lengths", false)?;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let n_out = ctx.num_outputs();
