@@ -494,13 +494,14 @@ impl ConvNd {
             );
         }
         let ax = self.g.axes(&inp, Some(&kern))?;
-        for d in 0..inp.len() {
+        for (d, &size) in inp.iter().enumerate() {
+            // Every value fits an int (checked when read): no overflow in usize.
             let dk = ax.dilation[d] * (ax.kernel[d].max(1) - 1) + 1;
-            if inp[d] + ax.head[d] + ax.tail[d] < dk {
+            if size + ax.head[d] + ax.tail[d] < dk {
                 bail!(
                     ShapeMismatch: "the dilated kernel ({dk}) of axis {d} does not fit the padded \
                      input ({} + {} + {})",
-                    inp[d],
+                    size,
                     ax.head[d],
                     ax.tail[d]
                 );
@@ -740,13 +741,13 @@ impl PoolNd {
         let out = if self.g.global {
             vec![1; inp.len()]
         } else {
-            for d in 0..inp.len() {
-                if inp[d] + ax.head[d] + ax.tail[d] < ax.kernel[d] {
+            for (d, &size) in inp.iter().enumerate() {
+                if size + ax.head[d] + ax.tail[d] < ax.kernel[d] {
                     bail!(
                         ShapeMismatch: "the kernel ({}) of axis {d} does not fit the padded \
                          input ({} + {} + {})",
                         ax.kernel[d],
-                        inp[d],
+                        size,
                         ax.head[d],
                         ax.tail[d]
                     );
