@@ -18,6 +18,9 @@ them eagerly. A name ferrocaffe lacks raises ``ModuleNotFoundError`` naming both
 Caffe2's GPU extension modules (``caffe2.python.caffe2_pybind11_state_gpu`` and ``_hip``) are
 absent as on a CPU-only Caffe2 build: ``importlib.util.find_spec`` returns None for them and
 importing them raises the plain ``ModuleNotFoundError``, so code probing for them goes on.
+
+Caffe2's code of 2021 calls ``inspect.getargspec``, which Python 3.11 removed: ``install()``
+puts back an equivalent built on ``inspect.getfullargspec`` where it is missing.
 """
 
 from __future__ import annotations
@@ -148,6 +151,24 @@ def install() -> None:
             + ", ".join(sorted(foreign))
         )
     sys.meta_path.insert(0, _FINDER)
+    _restore_getargspec()
+
+
+def _restore_getargspec() -> None:
+    """``inspect.getargspec`` (removed in Python 3.11) as Caffe2's code used it: the named
+    tuple ``ArgSpec(args, varargs, keywords, defaults)`` of ``getfullargspec``."""
+    import collections
+    import inspect
+
+    if hasattr(inspect, "getargspec"):
+        return
+    arg_spec = collections.namedtuple("ArgSpec", ["args", "varargs", "keywords", "defaults"])
+
+    def getargspec(func):
+        spec = inspect.getfullargspec(func)
+        return arg_spec(spec.args, spec.varargs, spec.varkw, spec.defaults)
+
+    inspect.getargspec = getargspec
 
 
 def uninstall() -> None:

@@ -11,12 +11,19 @@ use crate::proto::OperatorDef;
 pub fn register(r: &mut Registry) {
     r.register_maker("Conv", conv("ConvGradient"));
     r.register_maker("Conv2D", conv("Conv2DGradient"));
+    r.register_maker("Conv1D", conv("Conv1DGradient"));
+    r.register_maker("Conv3D", conv("Conv3DGradient"));
     r.register_maker("ConvTranspose", conv("ConvTransposeGradient"));
     for (t, g) in [
         ("MaxPool", "MaxPoolGradient"),
         ("MaxPool2D", "MaxPool2DGradient"),
         ("AveragePool", "AveragePoolGradient"),
         ("AveragePool2D", "AveragePool2DGradient"),
+        ("MaxPool1D", "MaxPool1DGradient"),
+        ("MaxPool3D", "MaxPool3DGradient"),
+        ("AveragePool1D", "AveragePool1DGradient"),
+        ("AveragePool3D", "AveragePool3DGradient"),
+        ("LpPool", "LpPoolGradient"),
     ] {
         r.register_maker(t, single(g, &[I(0), O(0), GO(0)], &[GI(0)]));
     }

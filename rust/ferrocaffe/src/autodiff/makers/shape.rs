@@ -24,6 +24,7 @@ pub fn register(r: &mut Registry) {
     r.register_maker("DepthConcat", concat);
     r.register_maker("Split", split);
     r.register_maker("DepthSplit", split);
+    r.register_maker("SplitByLengths", split);
     r.register_maker("Slice", slice);
     r.register_maker("Squeeze", single("ExpandDims", &[GO(0)], &[GI(0)]));
     r.register_maker("ExpandDims", single("Squeeze", &[GO(0)], &[GI(0)]));

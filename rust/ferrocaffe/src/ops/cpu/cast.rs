@@ -52,7 +52,11 @@ fn convert(src: &Tensor, to: DataType, out: &mut Tensor) -> Result<()> {
         out.copy_from(src);
         return Ok(());
     }
-    if src.dtype() == DataType::String || to == DataType::String {
+    if to == DataType::String {
+        *out = to_strings(src)?;
+        return Ok(());
+    }
+    if src.dtype() == DataType::String {
         bail!(NotImplemented: "Cast from {} to {to} is not supported", src.dtype());
     }
     let n = src.numel();
@@ -93,6 +97,38 @@ fn convert(src: &Tensor, to: DataType, out: &mut Tensor) -> Result<()> {
         DataType::String => unreachable!("rejected above"),
     }
     Ok(())
+}
+
+/// Numbers as C++'s `std::to_string` writes them (Caffe2's cast to string): integers and bools
+/// in decimal, floating-point values with six decimals (`%f`).
+fn to_strings(src: &Tensor) -> Result<Tensor> {
+    let dims = src.dims().to_vec();
+    let text: Vec<Vec<u8>> = match src.dtype() {
+        DataType::String => src.as_strings()?.to_vec(),
+        DataType::Int64 => src
+            .as_slice::<i64>()?
+            .iter()
+            .map(|v| v.to_string().into_bytes())
+            .collect(),
+        DataType::Float | DataType::Double | DataType::Float16 => (0..src.numel())
+            .map(|i| {
+                let v = src.get_f64(i)?;
+                Ok(if v.is_nan() {
+                    (if v.is_sign_negative() { "-nan" } else { "nan" }).to_string()
+                } else if v.is_infinite() {
+                    (if v < 0.0 { "-inf" } else { "inf" }).to_string()
+                } else {
+                    format!("{v:.6}")
+                }
+                .into_bytes())
+            })
+            .collect::<Result<_>>()?,
+        // Every other type is an integer or bool that an f64 holds exactly.
+        _ => (0..src.numel())
+            .map(|i| Ok((src.get_f64(i)? as i64).to_string().into_bytes()))
+            .collect::<Result<_>>()?,
+    };
+    Tensor::from_strings(&dims, text)
 }
 
 fn create(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {

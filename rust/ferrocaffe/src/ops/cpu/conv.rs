@@ -4,6 +4,7 @@
 //! W is `[M, C/G, kH, kW]` (NCHW) or `[M, kH, kW, C/G]` (NHWC); the optional bias has M values.
 
 use super::conv_args::{Geometry, Order};
+use super::conv_nd::{ConvNd, Dispatch, NdGeometry};
 use super::depthwise;
 pub(crate) use super::im2col::{col2im, im2col};
 use crate::bail;
@@ -18,6 +19,10 @@ pub fn register(r: &mut Registry) {
     r.cpu("Conv2D", |i| create(i, false));
     r.cpu("ConvGradient", |i| create(i, true));
     r.cpu("Conv2DGradient", |i| create(i, true));
+    r.cpu("Conv1D", |i| create(i, false));
+    r.cpu("Conv1DGradient", |i| create(i, true));
+    r.cpu("Conv3D", |i| create(i, false));
+    r.cpu("Conv3DGradient", |i| create(i, true));
 }
 
 /// Sizes of one convolution.
@@ -557,17 +562,33 @@ fn relu_in_place(y: &mut [f32]) {
     }
 }
 
+/// A 4-d input with a 2-d geometry runs on [`Conv`], any other on [`ConvNd`].
 fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
-    let g = Geometry::new(init)?;
+    let nd = NdGeometry::new(init)?;
     let group = init.args.usize("group", 1)?;
     if group == 0 {
         bail!(op = init, BadArgument: "group must be positive");
     }
-    Ok(Box::new(Conv {
-        g,
-        group,
-        gradient,
-        no_bias: init.args.bool("no_bias", false)?,
-        relu: false,
+    let no_bias = init.args.bool("no_bias", false)?;
+    let two_d: Option<Box<dyn Operator>> = if nd.fits_2d() {
+        Some(Box::new(Conv {
+            g: Geometry::new(init)?,
+            group,
+            gradient,
+            no_bias,
+            relu: false,
+        }))
+    } else {
+        None
+    };
+    Ok(Box::new(Dispatch {
+        two_d,
+        nd: Box::new(ConvNd {
+            g: nd,
+            group,
+            gradient,
+            no_bias,
+            relu: false,
+        }),
     }))
 }

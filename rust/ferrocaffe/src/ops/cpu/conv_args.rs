@@ -193,13 +193,15 @@ pub fn out_extent(inp: usize, k: usize, d: usize, p0: usize, p1: usize, s: usize
         bail!(BadArgument: "stride must be positive");
     }
     if padded < dk {
-        // Caffe2 truncates `(padded - dk) / s + 1` toward zero: a kernel that overhangs by at
-        // most one stride gives an empty output (an empty input with a 1-wide kernel, say).
-        if dk - padded <= s {
+        // Caffe2 enforces `in_size + pad_head + pad_tail >= dkernel`. An empty axis whose
+        // kernel overhangs by at most one stride gives an empty output here instead (an empty
+        // input with a 1-wide kernel, say), as the truncating formula would.
+        if inp == 0 && dk - padded <= s {
             return Ok(0);
         }
         bail!(
-            ShapeMismatch: "kernel of extent {dk} does not fit the padded input of size {padded}"
+            ShapeMismatch: "in_size + pad_head + pad_tail >= dkernel: the kernel of extent {dk} \
+             does not fit the padded input of size {padded}"
         );
     }
     (padded - dk)
@@ -220,7 +222,11 @@ mod tests {
         assert_eq!(out_extent(0, 1, 1, 1, 0, 1).unwrap(), 1);
         // An empty input, a 1-wide kernel: an empty output, as Caffe2 computes it.
         assert_eq!(out_extent(0, 1, 1, 0, 0, 1).unwrap(), 0);
-        assert_eq!(out_extent(1, 3, 1, 0, 0, 2).unwrap(), 0);
+        // A kernel that overhangs a non-empty input: refused, as Caffe2 enforces it.
+        let e = out_extent(1, 3, 1, 0, 0, 2).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ShapeMismatch, "{e}");
+        let e = out_extent(3, 3, 2, 0, 1, 2).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ShapeMismatch, "{e}");
         let e = out_extent(1, usize::MAX, 2, 0, 0, 1).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::BadArgument, "{e}");
         let e = out_extent(1, 1, 1, usize::MAX, 1, 1).unwrap_err();

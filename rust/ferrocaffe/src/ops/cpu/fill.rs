@@ -1,5 +1,5 @@
 //! Fill ops: ConstantFill, GivenTensor*Fill, UniformFill, UniformIntFill, GaussianFill,
-//! XavierFill, MSRAFill, RangeFill.
+//! XavierFill, MSRAFill, RangeFill, Float16UniformFill, DiagonalFill, LengthsRangeFill.
 //!
 //! Shape rules (Caffe2's `FillerOp`): without inputs the output has shape `shape` (a scalar when
 //! absent); with an input, its shape (or, with `input_as_shape`, its int64 values) followed by
@@ -43,6 +43,15 @@ pub fn register(r: &mut Registry) {
     r.cpu("XavierFill", |i| create_random(i, RandomKind::Xavier));
     r.cpu("MSRAFill", |i| create_random(i, RandomKind::Msra));
     r.cpu("RangeFill", |i| create_random(i, RandomKind::Range));
+    r.cpu("Float16UniformFill", |i| {
+        let mut op = create_random_fill(i, RandomKind::Uniform)?;
+        op.dtype = DataType::Float16;
+        Ok(Box::new(op))
+    });
+    r.cpu("DiagonalFill", create_diagonal);
+    r.cpu("LengthsRangeFill", |_| {
+        Ok(Box::new(crate::ops::operator::FnOp(lengths_range_fill)))
+    });
 }
 
 /// The shape part of every filler.
@@ -345,7 +354,15 @@ impl Operator for RandomFill {
             lo = read(1)?;
             hi = read(2)?;
         }
-        let dims = self.shape.resolve(ctx)?;
+        let mut dims = self.shape.resolve(ctx)?;
+        if n_in == 3 && lo > hi && matches!(self.kind, RandomKind::Uniform | RandomKind::UniformInt)
+        {
+            // Bounds given as blobs the wrong way round: an empty output (no first-axis rows).
+            if let Some(d) = dims.first_mut() {
+                *d = 0;
+            }
+            (lo, hi) = (hi, lo);
+        }
         let kind = self.kind;
         let dtype = self.dtype;
         let rng = &mut self.rng;
@@ -439,6 +456,10 @@ fn fill_f(
 }
 
 fn create_random(init: &OpInit<'_>, kind: RandomKind) -> Result<Box<dyn Operator>> {
+    Ok(Box::new(create_random_fill(init, kind)?))
+}
+
+fn create_random_fill(init: &OpInit<'_>, kind: RandomKind) -> Result<RandomFill> {
     let shape = FillShape::new(init)?;
     let a = &init.args;
     let (lo, hi) = match kind {
@@ -469,14 +490,98 @@ fn create_random(init: &OpInit<'_>, kind: RandomKind) -> Result<Box<dyn Operator
             BadArgument: e
         )
     })?;
-    Ok(Box::new(RandomFill {
+    Ok(RandomFill {
         shape,
         kind,
         rng: Rng::from_option(init.random_seed()),
         a: lo,
         b: hi,
         dtype,
-    }))
+    })
+}
+
+/// `DiagonalFill`: zeros of `dtype` with `value` on the diagonal: every
+/// `1 + d1*..*dk + d2*..*dk + .. + dk`-th element (`cols + 1` in 2-d, where a tall matrix wraps
+/// around as in Caffe2); more than 2 dims must all be equal.
+fn create_diagonal(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+    let shape = FillShape::new(init)?;
+    let value = init.args.number("value", 0.0)?;
+    let dtype = DataType::from_proto(init.args.int("dtype", 1)?)
+        .map_err(|e| err!(op = init, BadArgument: e))?;
+    Ok(Box::new(crate::ops::operator::FnOp(
+        move |ctx: &mut OpContext<'_>| {
+            let dims = shape.resolve(ctx)?;
+            if dims.len() < 2 {
+                bail!(ShapeMismatch: "Input shape must be >= 2D, got {dims:?}");
+            }
+            let step = if dims.len() == 2 {
+                dims[1].saturating_add(1)
+            } else {
+                if dims.iter().any(|&d| d != dims[0]) {
+                    bail!(ShapeMismatch: "All dimensions of input must be of equal length");
+                }
+                // 1 + d + d^2 + .. + d^(k-1).
+                let mut step = 1usize;
+                let mut p = 1usize;
+                for &d in &dims[..dims.len() - 1] {
+                    p = p.saturating_mul(d);
+                    step = step.saturating_add(p);
+                }
+                step
+            };
+            let out = ctx.output(0)?;
+            macro_rules! diag {
+                ($t:ty, $v:expr) => {{
+                    let o = out.try_ensure::<$t>(&dims)?;
+                    o.fill(<$t>::default());
+                    for v in o.iter_mut().step_by(step) {
+                        *v = $v;
+                    }
+                }};
+            }
+            match dtype {
+                DataType::Float => diag!(f32, value as f32),
+                DataType::Double => diag!(f64, value),
+                DataType::Int32 => diag!(i32, value as i32),
+                DataType::Int64 => diag!(i64, value as i64),
+                DataType::Int16 => diag!(i16, value as i16),
+                DataType::Int8 => diag!(i8, value as i8),
+                DataType::Uint8 => diag!(u8, value as u8),
+                DataType::Uint16 => diag!(u16, value as u16),
+                DataType::Bool => diag!(bool, value != 0.0),
+                other => bail!(DtypeMismatch: "DiagonalFill does not fill {other} tensors"),
+            }
+            Ok(())
+        },
+    )))
+}
+
+/// `LengthsRangeFill`: for int32 lengths `[l0, l1, ..]`, `[0, .., l0 - 1, 0, .., l1 - 1, ..]`.
+fn lengths_range_fill(ctx: &mut OpContext<'_>) -> Result<()> {
+    let (ins, mut outs) = ctx.split();
+    let lengths = ins.tensor(0)?;
+    if lengths.ndim() != 1 {
+        bail!(ShapeMismatch: "lengths must be 1-d, got shape {:?}", lengths.dims());
+    }
+    let l = lengths.as_slice::<i32>()?;
+    let mut total = 0usize;
+    for &v in l {
+        let v = usize::try_from(v)
+            .map_err(|_| err!(BadArgument: "lengths must not be negative, got {v}"))?;
+        total = total
+            .checked_add(v)
+            .ok_or_else(|| err!(BadArgument: "the lengths add up past any tensor size"))?;
+    }
+    let out = outs.tensor(0)?.try_ensure::<i32>(&[total])?;
+    let mut at = 0;
+    for &v in l {
+        for (k, o) in out[at..at + v as usize].iter_mut().enumerate() {
+            // k < v, an i32.
+            *o = k as i32;
+        }
+        at += v as usize;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

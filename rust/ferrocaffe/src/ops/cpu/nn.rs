@@ -463,6 +463,27 @@ fn create_dropout_grad(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     let ratio = init.args.float("ratio", 0.5)?;
     let is_test = init.args.bool("is_test", false)?;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+        let scale = if ratio < 1.0 {
+            1.0 / (1.0 - ratio)
+        } else {
+            0.0
+        };
+        if ctx.is_inplace(0, 0) {
+            // dX is dY's blob: scale it where it is.
+            if is_test {
+                return Ok(());
+            }
+            let (ins, mut outs) = ctx.split();
+            let mask = ins.tensor(1)?.as_slice::<bool>()?;
+            let dx = outs.tensor(0)?.as_mut_slice::<f32>()?;
+            if mask.len() != dx.len() {
+                bail!(ShapeMismatch: "mask must have the shape of dY");
+            }
+            for (o, &k) in dx.iter_mut().zip(mask) {
+                *o = if k { *o * scale } else { 0.0 };
+            }
+            return Ok(());
+        }
         let (ins, mut outs) = ctx.split();
         let dy = ins.tensor(0)?;
         let dims = dy.dims().to_vec();
@@ -475,11 +496,6 @@ fn create_dropout_grad(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
         if mask.len() != g.len() {
             bail!(ShapeMismatch: "mask must have the shape of dY");
         }
-        let scale = if ratio < 1.0 {
-            1.0 / (1.0 - ratio)
-        } else {
-            0.0
-        };
         let dx = outs.tensor(0)?.ensure::<f32>(&dims);
         for ((o, &v), &k) in dx.iter_mut().zip(g).zip(mask) {
             *o = if k { v * scale } else { 0.0 };

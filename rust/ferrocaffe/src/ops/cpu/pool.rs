@@ -7,6 +7,7 @@
 //! NHWC: output rows; the gradients: planes or images).
 
 use super::conv_args::{Geometry, Order};
+use super::conv_nd::{Dispatch, NdGeometry, PoolKind, PoolNd};
 use super::par::for_each_chunk;
 use crate::bail;
 use crate::error::Result;
@@ -24,6 +25,14 @@ pub fn register(r: &mut Registry) {
         ("MaxPool2DGradient", true, true),
         ("AveragePoolGradient", false, true),
         ("AveragePool2DGradient", false, true),
+        ("MaxPool1D", true, false),
+        ("MaxPool3D", true, false),
+        ("AveragePool1D", false, false),
+        ("AveragePool3D", false, false),
+        ("MaxPool1DGradient", true, true),
+        ("MaxPool3DGradient", true, true),
+        ("AveragePool1DGradient", false, true),
+        ("AveragePool3DGradient", false, true),
     ] {
         let f: crate::ops::registry::Factory = match (max, grad) {
             (true, false) => |i| create(i, true, false),
@@ -33,6 +42,8 @@ pub fn register(r: &mut Registry) {
         };
         r.cpu(name, f);
     }
+    r.cpu("LpPool", |i| create_lp(i, false));
+    r.cpu("LpPoolGradient", |i| create_lp(i, true));
 }
 
 struct Pool {
@@ -49,16 +60,23 @@ type Shape = (usize, usize, usize, usize, usize, usize, usize, usize);
 /// the input) and `span`, its extent clipped to the padded input only (for
 /// `count_include_pad`).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-struct Win {
-    start: usize,
-    end: usize,
-    span: i64,
+pub(crate) struct Win {
+    pub(crate) start: usize,
+    pub(crate) end: usize,
+    pub(crate) span: i64,
 }
 
 /// The windows of the `out` output positions of an axis of `inp` values, kernel `k`, stride
 /// `s`, padding `p0` before and `p1` after: output `o` covers `o * s - p0 .. o * s - p0 + k`,
 /// clipped to `-p0 .. inp + p1` for the span and to `0 .. inp` for the indices.
-fn axis_windows(out: usize, inp: usize, k: usize, s: usize, p0: usize, p1: usize) -> Vec<Win> {
+pub(crate) fn axis_windows(
+    out: usize,
+    inp: usize,
+    k: usize,
+    s: usize,
+    p0: usize,
+    p1: usize,
+) -> Vec<Win> {
     let big = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
     let (inp_i, k, s, p0, p1) = (big(inp), big(k), big(s), big(p0), big(p1));
     (0..out)
@@ -377,15 +395,50 @@ impl Operator for Pool {
     }
 }
 
+/// A 4-d input with a 2-d geometry runs on [`Pool`], any other on [`PoolNd`].
 fn create(init: &OpInit<'_>, max: bool, gradient: bool) -> Result<Box<dyn Operator>> {
-    let g = Geometry::new(init)?;
-    if g.dilation != [1, 1] {
+    let nd = NdGeometry::new(init)?;
+    if nd.dilated() {
         bail!(op = init, NotImplemented: "Pooling op does not support dilation right now.");
     }
-    Ok(Box::new(Pool {
+    let include_pad = init.args.bool("count_include_pad", false)?;
+    let two_d: Option<Box<dyn Operator>> = if nd.fits_2d() {
+        Some(Box::new(Pool {
+            g: Geometry::new(init)?,
+            max,
+            gradient,
+            include_pad,
+        }))
+    } else {
+        None
+    };
+    let kind = if max {
+        PoolKind::Max
+    } else {
+        PoolKind::Average
+    };
+    Ok(Box::new(Dispatch {
+        two_d,
+        nd: Box::new(PoolNd {
+            g: nd,
+            kind,
+            gradient,
+            include_pad,
+        }),
+    }))
+}
+
+/// `LpPool`: `(sum |x|^p)^(1/p)` over each window (argument `p`, 2 by default), any rank.
+fn create_lp(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
+    let g = NdGeometry::new(init)?;
+    if g.dilated() {
+        bail!(op = init, NotImplemented: "Pooling op does not support dilation right now.");
+    }
+    let p = init.args.float("p", 2.0)?;
+    Ok(Box::new(PoolNd {
         g,
-        max,
+        kind: PoolKind::Lp(p),
         gradient,
-        include_pad: init.args.bool("count_include_pad", false)?,
+        include_pad: false,
     }))
 }

@@ -115,8 +115,10 @@ pub fn register(r: &mut Registry) {
         })))
     });
     r.cpu("Transpose", create_transpose);
-    r.cpu("NCHW2NHWC", |_| Ok(fixed_perm(vec![0, 2, 3, 1])));
-    r.cpu("NHWC2NCHW", |_| Ok(fixed_perm(vec![0, 3, 1, 2])));
+    r.cpu("SplitByLengths", create_split_by_lengths);
+    r.cpu("LengthsToShape", |_| Ok(Box::new(FnOp(lengths_to_shape))));
+    r.cpu("NCHW2NHWC", |_| Ok(order_switch(true)));
+    r.cpu("NHWC2NCHW", |_| Ok(order_switch(false)));
     r.cpu_many(&["Concat", "DepthConcat"], create_concat);
     r.cpu_many(&["Split", "DepthSplit"], create_split);
     r.cpu("Slice", |i| create_slice(i, false));
@@ -160,6 +162,9 @@ fn reshaped(ctx: &mut OpContext<'_>, dims: &[usize]) -> Result<()> {
     Ok(())
 }
 
+/// Caffe2's Reshape rule: a 0 copies the input's dim at that index (when the input is not
+/// empty and has that dim; otherwise it stays 0), one -1 takes what is left (0 for an empty
+/// input).
 fn new_shape(spec: &[i64], old: &[usize], total: usize) -> Result<Vec<usize>> {
     let mut out = Vec::with_capacity(spec.len());
     let mut unknown = None;
@@ -172,27 +177,39 @@ fn new_shape(spec: &[i64], old: &[usize], total: usize) -> Result<Vec<usize>> {
                 unknown = Some(i);
                 out.push(1);
             }
-            0 => out.push(*old.get(i).ok_or_else(|| {
-                err!(BadArgument: "Argument `shape` copies dimension {i}, which the input lacks")
-            })?),
-            s if s > 0 => out.push(s as usize),
+            0 if total != 0 => out.push(old.get(i).copied().unwrap_or(0)),
+            s if s >= 0 => out.push(
+                usize::try_from(s)
+                    .map_err(|_| err!(BadArgument: "Dimension {s} in the new shape is invalid"))?,
+            ),
             s => bail!(BadArgument: "Dimension {s} in the new shape is invalid"),
         }
     }
-    let known: usize = out.iter().product();
-    if let Some(i) = unknown {
-        if known == 0 || !total.is_multiple_of(known) {
-            bail!(
-                ShapeMismatch: "Argument `shape` does not agree with the input data. ({total} is \
-                 not a multiple of {known})"
-            );
-        }
-        out[i] = total / known;
-    } else if known != total {
+    let known = out
+        .iter()
+        .try_fold(1usize, |a, &b| a.checked_mul(b))
+        .ok_or_else(|| err!(ShapeMismatch: "Argument `shape` {spec:?} is too large"))?;
+    if known == 0 && total != 0 {
         bail!(
+            ShapeMismatch: "Can not reshape a non-zero size ({total}) tensor to zero size."
+        );
+    }
+    match unknown {
+        Some(i) if total == 0 => out[i] = 0,
+        Some(i) => {
+            if !total.is_multiple_of(known) {
+                bail!(
+                    ShapeMismatch: "Argument `shape` does not agree with the input data. ({total} \
+                     vs {known})"
+                );
+            }
+            out[i] = total / known;
+        }
+        None if known != total => bail!(
             ShapeMismatch: "Argument `shape` does not agree with the input data. ({total} != \
              {known})"
-        );
+        ),
+        None => {}
     }
     Ok(out)
 }
@@ -287,15 +304,46 @@ fn transpose(ctx: &mut OpContext<'_>, perm: &[usize]) -> Result<()> {
     })
 }
 
-fn fixed_perm(perm: Vec<usize>) -> Box<dyn Operator> {
+/// `LengthsToShape`: int32 lengths that must all be equal, `[n, length]` out (`[0, 0]` for no
+/// lengths).
+fn lengths_to_shape(ctx: &mut OpContext<'_>) -> Result<()> {
+    let l = ctx.input(0)?;
+    if l.ndim() != 1 {
+        bail!(ShapeMismatch: "Input must be a vector.");
+    }
+    let v = l.as_slice::<i32>()?;
+    let first = v.first().copied().unwrap_or(0);
+    if v.iter().any(|&x| x != first) {
+        bail!(BadArgument: "All elements of input must be same ");
+    }
+    let n = i32::try_from(v.len())
+        .map_err(|_| err!(ShapeMismatch: "{} lengths do not fit an int", v.len()))?;
+    ctx.output(0)?
+        .ensure::<i32>(&[2])
+        .copy_from_slice(&[n, first]);
+    Ok(())
+}
+
+/// `NCHW2NHWC` (`to_nhwc`) or `NHWC2NCHW`: moves the channel axis of an input of 3 or more
+/// dims (N, C, any number of spatial axes) last or back to axis 1.
+fn order_switch(to_nhwc: bool) -> Box<dyn Operator> {
     Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
-        if ctx.input(0)?.ndim() != 4 {
+        let nd = ctx.input(0)?.ndim();
+        if nd < 3 {
             bail!(
                 op = ctx,
-                ShapeMismatch: "The input must be a 4-d tensor, got {:?}",
+                ShapeMismatch: "The input must be at least 3-d (N, C and a spatial axis), got {:?}",
                 ctx.input(0)?.dims()
             );
         }
+        let perm: Vec<usize> = if to_nhwc {
+            std::iter::once(0)
+                .chain(2..nd)
+                .chain(std::iter::once(1))
+                .collect()
+        } else {
+            [0, nd - 1].into_iter().chain(1..nd - 1).collect()
+        };
         transpose(ctx, &perm)
     }))
 }
@@ -447,28 +495,99 @@ fn create_split(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
                 ShapeMismatch: "Sum of split dimensions do not match: should be {dim}, got {total}"
             );
         }
-        let outer: usize = d[..ax].iter().product();
-        let inner: usize = d[ax + 1..].iter().product();
-        dispatch!(x.dtype(), [Float => f32, Double => f64, Int32 => i32, Int64 => i64,
-            Bool => bool, Uint8 => u8, Int8 => i8, Int16 => i16, Uint16 => u16, Float16 => half::f16], |T| {
-            let xs = x.as_slice::<T>()?;
-            let mut off = 0;
-            for (j, &s) in sizes.iter().enumerate() {
-                let mut od = d.clone();
-                if add_axis {
-                    od.remove(ax);
-                } else {
-                    od[ax] = s;
-                }
-                let y = outs.tensor(j)?.try_ensure::<T>(&od)?;
-                for o in 0..outer {
-                    let src = (o * dim + off) * inner;
-                    y[o * s * inner..(o + 1) * s * inner].copy_from_slice(&xs[src..src + s * inner]);
-                }
-                off += s;
+        write_split(x, ax, &sizes, add_axis, &mut outs)
+    })))
+}
+
+/// Writes the parts of `x` along axis `ax` of `sizes` (which add up to that dim) into the
+/// outputs, without that axis when `add_axis`.
+fn write_split(
+    x: &crate::tensor::Tensor,
+    ax: usize,
+    sizes: &[usize],
+    add_axis: bool,
+    outs: &mut crate::ops::operator::Outputs<'_, '_>,
+) -> Result<()> {
+    let d = x.dims().to_vec();
+    let dim = d[ax];
+    let outer: usize = d[..ax].iter().product();
+    let inner: usize = d[ax + 1..].iter().product();
+    dispatch!(x.dtype(), [Float => f32, Double => f64, Int32 => i32, Int64 => i64,
+        Bool => bool, Uint8 => u8, Int8 => i8, Int16 => i16, Uint16 => u16, Float16 => half::f16], |T| {
+        let xs = x.as_slice::<T>()?;
+        let mut off = 0;
+        for (j, &s) in sizes.iter().enumerate() {
+            let mut od = d.clone();
+            if add_axis {
+                od.remove(ax);
+            } else {
+                od[ax] = s;
             }
-            Ok(())
-        })
+            let y = outs.tensor(j)?.try_ensure::<T>(&od)?;
+            for o in 0..outer {
+                let src = (o * dim + off) * inner;
+                y[o * s * inner..(o + 1) * s * inner].copy_from_slice(&xs[src..src + s * inner]);
+            }
+            off += s;
+        }
+        Ok(())
+    })
+}
+
+/// `SplitByLengths`: the lengths (input 1) fall into as many equal runs as there are outputs;
+/// output `i` takes the sum of run `i` along `axis` (times `input dim / sum of lengths` with
+/// `use_scaling_lengths`).
+fn create_split_by_lengths(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
+    // Unlike Split, the axis does not follow `order`: 0 unless given.
+    let axis = init.args.int("axis", 0)?;
+    let scaling = init.args.bool("use_scaling_lengths", false)?;
+    Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
+        let n_out = ctx.num_outputs();
+        let (ins, mut outs) = ctx.split();
+        let x = ins.tensor(0)?;
+        let lengths = ins.tensor(1)?.to_i64_vec()?;
+        if n_out == 0 || lengths.len() % n_out != 0 {
+            bail!(
+                BadArgument: "len(Lengths) {} should be divisible by OutputSize() {n_out}.",
+                lengths.len()
+            );
+        }
+        if x.ndim() == 0 {
+            bail!(ShapeMismatch: "Axis not in input ndim range.");
+        }
+        let ax = canonical(axis, x.ndim(), false)?;
+        let dim = x.dims()[ax];
+        let mut sum = 0usize;
+        for &l in &lengths {
+            let l = usize::try_from(l)
+                .map_err(|_| err!(BadArgument: "lengths must not be negative, got {l}"))?;
+            sum = sum
+                .checked_add(l)
+                .ok_or_else(|| err!(BadArgument: "the lengths add up past any size"))?;
+        }
+        let factor = if scaling {
+            if sum == 0 || dim % sum != 0 {
+                bail!(ShapeMismatch: "Input channels {dim} should be divisible by {sum}");
+            }
+            dim / sum
+        } else {
+            if sum != dim {
+                bail!(
+                    ShapeMismatch: "Sum of split dimensions do not match: should be {dim}, got \
+                     {sum}"
+                );
+            }
+            1
+        };
+        let per = lengths.len() / n_out;
+        // Each run adds up to at most `sum`, and `factor * sum == dim`.
+        let sizes: Vec<usize> = lengths
+            .chunks(per.max(1))
+            .map(|run| run.iter().map(|&l| l as usize).sum::<usize>() * factor)
+            .chain(std::iter::repeat(0))
+            .take(n_out)
+            .collect();
+        write_split(x, ax, &sizes, false, &mut outs)
     })))
 }
 
