@@ -49,9 +49,6 @@ pub fn register(r: &mut Registry) {
         Ok(Box::new(op))
     });
     r.cpu("DiagonalFill", create_diagonal);
-    r.cpu("LengthsRangeFill", |_| {
-        Ok(Box::new(crate::ops::operator::FnOp(lengths_range_fill)))
-    });
 }
 
 /// The shape part of every filler.
@@ -554,34 +551,6 @@ fn create_diagonal(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
             Ok(())
         },
     )))
-}
-
-/// `LengthsRangeFill`: for int32 lengths `[l0, l1, ..]`, `[0, .., l0 - 1, 0, .., l1 - 1, ..]`.
-fn lengths_range_fill(ctx: &mut OpContext<'_>) -> Result<()> {
-    let (ins, mut outs) = ctx.split();
-    let lengths = ins.tensor(0)?;
-    if lengths.ndim() != 1 {
-        bail!(ShapeMismatch: "lengths must be 1-d, got shape {:?}", lengths.dims());
-    }
-    let l = lengths.as_slice::<i32>()?;
-    let mut total = 0usize;
-    for &v in l {
-        let v = usize::try_from(v)
-            .map_err(|_| err!(BadArgument: "lengths must not be negative, got {v}"))?;
-        total = total
-            .checked_add(v)
-            .ok_or_else(|| err!(BadArgument: "the lengths add up past any tensor size"))?;
-    }
-    let out = outs.tensor(0)?.try_ensure::<i32>(&[total])?;
-    let mut at = 0;
-    for &v in l {
-        for (k, o) in out[at..at + v as usize].iter_mut().enumerate() {
-            // k < v, an i32.
-            *o = k as i32;
-        }
-        at += v as usize;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
