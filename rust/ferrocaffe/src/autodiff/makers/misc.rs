@@ -127,7 +127,10 @@ fn padding_grad_inputs(ctx: &MakerCtx<'_>) -> Result<Vec<String>> {
     let mut ins = vec![grad_out(ctx, 0)?];
     if ctx.def.input.len() > 1 {
         if ctx.def.output.len() < 2 {
-            return Err(fail(ctx, "needs its lengths output (output 1) for the gradient"));
+            return Err(fail(
+                ctx,
+                "needs its lengths output (output 1) for the gradient",
+            ));
         }
         ins.push(ctx.def.output[1].clone());
     }
@@ -138,7 +141,12 @@ fn padding_grad_inputs(ctx: &MakerCtx<'_>) -> Result<Vec<String>> {
 /// padding rows' gradient into theirs.
 fn add_padding(ctx: &mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> {
     let ins = padding_grad_inputs(ctx)?;
-    let mut ops = vec![gop("RemovePadding", ins.clone(), vec![grad_in(ctx, 0)?], vec![])];
+    let mut ops = vec![gop(
+        "RemovePadding",
+        ins.clone(),
+        vec![grad_in(ctx, 0)?],
+        vec![],
+    )];
     if ctx.def.input.len() >= 3 {
         let mut outs = vec![grad_in(ctx, 2)?];
         if ctx.def.input.len() == 4 {

@@ -1,5 +1,5 @@
 //! Fill ops: ConstantFill, GivenTensor*Fill, UniformFill, UniformIntFill, GaussianFill,
-//! XavierFill, MSRAFill, RangeFill, Float16UniformFill, DiagonalFill, LengthsRangeFill.
+//! XavierFill, MSRAFill, RangeFill, Float16UniformFill, DiagonalFill.
 //!
 //! Shape rules (Caffe2's `FillerOp`): without inputs the output has shape `shape` (a scalar when
 //! absent); with an input, its shape (or, with `input_as_shape`, its int64 values) followed by

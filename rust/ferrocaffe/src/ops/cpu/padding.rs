@@ -42,7 +42,11 @@ fn create(init: &OpInit<'_>, kind: Kind) -> Result<Box<dyn Operator>> {
     let Ok(start) = usize::try_from(start) else {
         bail!(op = init, BadArgument: "padding_width must be >= 0, got {start}");
     };
-    let end = if end < 0 { start } else { usize::try_from(end).unwrap_or(start) };
+    let end = if end < 0 {
+        start
+    } else {
+        usize::try_from(end).unwrap_or(start)
+    };
     let w = Widths { start, end };
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| match kind {
         Kind::Add => add_padding(ctx, w),
@@ -108,7 +112,11 @@ fn lengths_output(ctx: &mut OpContext<'_>, lengths: &[usize], add: bool, pad: us
     }
     let mut v = Vec::with_capacity(lengths.len());
     for &l in lengths {
-        let n = if add { l.checked_add(pad) } else { l.checked_sub(pad) };
+        let n = if add {
+            l.checked_add(pad)
+        } else {
+            l.checked_sub(pad)
+        };
         let n = n.and_then(|n| i32::try_from(n).ok()).ok_or_else(|| {
             err!(ShapeMismatch: "segment of length {l} cannot lose or gain {pad} rows of padding")
         })?;
@@ -159,8 +167,9 @@ fn add_padding(ctx: &mut OpContext<'_>, w: Widths) -> Result<()> {
     let total_bytes = dims[0]
         .checked_mul(row_bytes)
         .ok_or_else(|| err!(ShapeMismatch: "padded size overflows"))?;
-    out.try_reserve_exact(total_bytes)
-        .map_err(|_| err!(OutOfMemory: "cannot allocate {total_bytes} bytes for the padded data"))?;
+    out.try_reserve_exact(total_bytes).map_err(
+        |_| err!(OutOfMemory: "cannot allocate {total_bytes} bytes for the padded data"),
+    )?;
     let write_pad = |out: &mut Vec<u8>, p: &Option<Vec<u8>>, n: usize| {
         for _ in 0..n {
             match p {
@@ -196,9 +205,9 @@ fn remove_padding(ctx: &mut OpContext<'_>, w: Widths) -> Result<()> {
         );
     }
     let removed = pad.saturating_mul(lengths.len());
-    dims[0] = dims[0].checked_sub(removed).ok_or_else(|| {
-        err!(ShapeMismatch: "the data has fewer rows than the padding to remove")
-    })?;
+    dims[0] = dims[0]
+        .checked_sub(removed)
+        .ok_or_else(|| err!(ShapeMismatch: "the data has fewer rows than the padding to remove"))?;
     let src = x.bytes();
     let mut out = Vec::new();
     out.try_reserve_exact(dims[0].saturating_mul(row_bytes))
@@ -336,7 +345,10 @@ mod tests {
     #[test]
     fn add_then_remove_padding_round_trips() -> Result<()> {
         let ws = Workspace::new();
-        ws.feed("x", Tensor::from_vec(&[3, 2], vec![1f32, 2., 3., 4., 5., 6.])?);
+        ws.feed(
+            "x",
+            Tensor::from_vec(&[3, 2], vec![1f32, 2., 3., 4., 5., 6.])?,
+        );
         ws.feed("l", Tensor::from_vec(&[2], vec![1i32, 2])?);
         ws.feed("p", Tensor::from_vec(&[2], vec![9f32, 9.])?);
         ws.run_operator_once(&op("AddPadding", &["x", "l", "p"], &["y", "yl"], vec![]))?;
@@ -360,13 +372,20 @@ mod tests {
     fn zero_padding_without_lengths_and_errors() -> Result<()> {
         let ws = Workspace::new();
         ws.feed("x", Tensor::from_vec(&[2], vec![1i64, 2])?);
-        let args = vec![Argument::int("padding_width", 2), Argument::int("end_padding_width", 0)];
+        let args = vec![
+            Argument::int("padding_width", 2),
+            Argument::int("end_padding_width", 0),
+        ];
         ws.run_operator_once(&op("AddPadding", &["x"], &["y"], args))?;
         assert_eq!(ws.fetch("y")?.as_slice::<i64>()?, &[0, 0, 1, 2]);
         ws.feed("l", Tensor::from_vec(&[1], vec![1i32])?);
-        assert!(ws.run_operator_once(&op("RemovePadding", &["x", "l"], &["z"], vec![])).is_err());
+        assert!(ws
+            .run_operator_once(&op("RemovePadding", &["x", "l"], &["z"], vec![]))
+            .is_err());
         ws.feed("l", Tensor::from_vec(&[2], vec![2i32, 2])?);
-        assert!(ws.run_operator_once(&op("AddPadding", &["x", "l"], &["z"], vec![])).is_err());
+        assert!(ws
+            .run_operator_once(&op("AddPadding", &["x", "l"], &["z"], vec![]))
+            .is_err());
         Ok(())
     }
 
@@ -380,7 +399,9 @@ mod tests {
         assert_eq!(y.dims(), &[3, 3]);
         assert_eq!(y.as_slice::<f32>()?, &[0., 0., 1., 1., 0., 0., 0., 1., 0.]);
         ws.feed("i", Tensor::from_vec(&[1], vec![3i64])?);
-        assert!(ws.run_operator_once(&op("OneHot", &["i", "n"], &["y"], vec![])).is_err());
+        assert!(ws
+            .run_operator_once(&op("OneHot", &["i", "n"], &["y"], vec![]))
+            .is_err());
         Ok(())
     }
 }
