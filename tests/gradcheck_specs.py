@@ -466,6 +466,97 @@ def _red_cases():
     return cases
 
 
+def _merged_cases():
+    """N-d convolution and pooling, padding and masking ops, MakeTwoClass, SplitByLengths."""
+    lengths = const([1, 3])
+    return {
+        "Conv1D": [
+            _c(
+                "Conv1D",
+                [("X", uniform((2, 2, 5))), ("W", uniform((3, 2, 3))), ("b", uniform((3,)))],
+                args={"kernels": [3], "pads": [1, 1]},
+            )
+        ],
+        "Conv3D": [
+            _c(
+                "Conv3D",
+                [("X", uniform((1, 2, 3, 3, 3))), ("W", uniform((2, 2, 2, 2, 2)))],
+                args={"kernels": [2, 2, 2]},
+            )
+        ],
+        "MaxPool1D": [
+            _c(
+                "MaxPool1D",
+                [("X", distinct((1, 2, 6), gap=0.05))],
+                args={"kernels": [2], "strides": [2]},
+            )
+        ],
+        "MaxPool3D": [
+            _c(
+                "MaxPool3D",
+                [("X", distinct((1, 1, 4, 4, 4), gap=0.05))],
+                args={"kernels": [2, 2, 2], "strides": [2, 2, 2]},
+            )
+        ],
+        "AveragePool1D": [
+            _c("AveragePool1D", [("X", uniform((1, 2, 6)))], args={"kernels": [3], "strides": [1]})
+        ],
+        "AveragePool3D": [
+            _c(
+                "AveragePool3D",
+                [("X", uniform((1, 1, 3, 4, 4)))],
+                args={"kernels": [2, 2, 2], "strides": [1, 2, 2]},
+            )
+        ],
+        "LpPool": [
+            _c(
+                "LpPool",
+                [("X", away_from_zero((1, 2, 4, 4), 0.2, 1.0))],
+                args={"kernel": 2, "stride": 2, "p": 2.0},
+            )
+        ],
+        "AddPadding": [
+            _c(
+                "AddPadding",
+                [("X", uniform((4, 2))), ("lengths", lengths), ("start", uniform((2,)))],
+                ("Y", "Y_lengths"),
+                args={"padding_width": 1, "end_padding_width": 2},
+            ),
+            _c("AddPadding", [("X", uniform((3, 2)))], variant="zeros"),
+        ],
+        "RemovePadding": [
+            _c(
+                "RemovePadding",
+                [("X", uniform((8, 2))), ("lengths", const([3, 5]))],
+                ("Y", "Y_lengths"),
+                args={"padding_width": 1},
+            )
+        ],
+        "SequenceMask": [
+            _c(
+                "SequenceMask",
+                [("X", uniform((2, 3))), ("lengths", const([1, 2]))],
+                args={"fill_val": 0.0},
+            ),
+            _c(
+                "SequenceMask",
+                [("X", uniform((3, 3)))],
+                args={"mode": "upper", "fill_val": 0.0},
+                variant="upper",
+            ),
+        ],
+        "MakeTwoClass": [_c("MakeTwoClass", [("X", uniform((3,), 0.1, 0.9))])],
+        "SplitByLengths": [
+            _c(
+                "SplitByLengths",
+                [("X", uniform((4, 2))), ("lengths", lengths)],
+                ("Y0", "Y1"),
+                grads=[0, 1],
+            )
+        ],
+    }
+
+
 SPECS = {
     # -- elementwise arithmetic
     "Add": _binary("Add"),
@@ -1022,10 +1113,13 @@ SPECS = {
     # -- sparse and segment ops (Gather and the SparseLengths* gradients are GradientSlices)
     **_lengths_cases(),
     **_red_cases(),
+    **_merged_cases(),
 }
 
 
 EXCLUDED = {
+    "Python": "runs a Python function registered when the op is created (CreatePythonOperator); "
+    "its gradient, through PythonGradient, is checked in tests/test_python_op.py",
     "FloatToHalf": "a precision cast whose output is float16: finite differences through "
     "float16 rounding (step 1e-3 against a half ulp of 5e-4) are noise; its gradient op "
     "HalfToFloat is checked for values in test_ops_extra_kernels.py",

@@ -8,7 +8,6 @@ transposes and the shared iteration counter of optimizers.
 import collections.abc
 import copy
 import functools
-import pdb
 import sys
 
 import numpy as np
@@ -357,6 +356,8 @@ class DebugMode:
         except KeyboardInterrupt:
             raise
         except Exception:
+            import pdb  # only when it is needed: a debugger session follows
+
             print(
                 'Entering interactive debugger. Type "bt" to print the full stacktrace. '
                 'Type "help" to see command listing.'

@@ -24,7 +24,7 @@ pub fn register(r: &mut Registry) {
     r.register_maker("DepthConcat", concat);
     r.register_maker("Split", split);
     r.register_maker("DepthSplit", split);
-    r.register_maker("SplitByLengths", split);
+    r.register_maker("SplitByLengths", split_by_lengths);
     r.register_maker("Slice", slice);
     r.register_maker("Squeeze", single("ExpandDims", &[GO(0)], &[GI(0)]));
     r.register_maker("ExpandDims", single("Squeeze", &[GO(0)], &[GI(0)]));
@@ -94,6 +94,19 @@ fn split(ctx: &mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> {
     let gi = grad_in(ctx, 0)?;
     let dims = format!("_{gi}_dims");
     Ok(vec![gop("Concat", ins, vec![gi, dims], vec![])])
+}
+
+/// `SplitByLengths`: `Split`'s gradient. Its default axis is 0 where Concat's is 1, so the axis
+/// is made explicit when the forward op leaves it out (Caffe2 copied the arguments only, and
+/// its gradient failed for the default axis).
+fn split_by_lengths(ctx: &mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> {
+    let mut ops = split(ctx)?;
+    if !ctx.def.arg.iter().any(|a| a.name() == "axis") {
+        for op in &mut ops {
+            op.arg.push(crate::proto::Argument::int("axis", 0));
+        }
+    }
+    Ok(ops)
 }
 
 /// `Slice`: with `starts`/`ends` given as inputs they are passed on too.
