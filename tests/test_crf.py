@@ -135,3 +135,18 @@ def test_fc_model_with_crf_loss_builds_caffe2s_ops():
     assert types[:4] == ["FC", "Copy", "Cast", "OneHot"]
     assert "RecurrentNetwork" in types and types[-1] == "Sub"
     assert model.net.Proto().op[-1].output == ["crf_loss"]
+
+
+def test_fc_initializer_tuples_use_their_first_two_items():
+    # Caffe2's crf_test passes ('UniformFill', {'min': -1.0}, {'max': 1.0}): the third item is
+    # ignored, as Caffe2 ignored it.
+    model = ModelHelper(name="init")
+    brew.fc(
+        model, "x", "y", 3, 2,
+        ("UniformFill", {"min": -1.0}, {"max": 1.0}),
+        ("ConstantFill", {"value": 0.5}, {"ignored": 1}),
+    )  # fmt: skip
+    ops = {op.output[0]: op for op in model.param_init_net.Proto().op}
+    assert ops["y_w"].type == "UniformFill"
+    assert [(a.name, a.f) for a in ops["y_w"].arg if a.name in ("min", "max")] == [("min", -1.0)]
+    assert ops["y_b"].type == "ConstantFill"

@@ -221,3 +221,24 @@ def test_operator_cost_fc_conv_and_undefined():
     assert (flops, written, read) == (9 * 9 * 2 * 4 * 2, 36 * 4, (50 + 72) * 4)
     with pytest.raises(RuntimeError, match="Cost inference function not defined"):
         workspace.GetOperatorCost(core.CreateOperator("Print", ["x"], []), ["x"])
+
+
+def test_rowwise_colwise_max_scatter_assign_and_lengths_to_ranges():
+    workspace.ResetWorkspace()
+    workspace.FeedBlob("x", np.zeros((2, 3, 4), np.float32))
+    workspace.FeedBlob("lengths", np.array([1, 2], np.int32))
+    workspace.FeedBlob("data", np.zeros((5, 2), np.float32))
+    workspace.FeedBlob("idx", np.array([0, 3], np.int64))
+    workspace.FeedBlob("slices", np.ones((2, 2), np.float32))
+    net = core.Net("rules")
+    net.ColwiseMax("x", "col")
+    net.RowwiseMax("x", "row")
+    net.LengthsToRanges("lengths", "ranges")
+    net.ScatterAssign(["data", "idx", "slices"], "data")
+    shapes, types = workspace.InferShapesAndTypes([net])
+    workspace.RunNetOnce(net)
+    for name in ("col", "row", "ranges", "data"):
+        assert shapes[name] == list(workspace.FetchBlob(name).shape), name
+    assert shapes["col"] == [2, 4] and shapes["row"] == [2, 3] and shapes["ranges"] == [2, 2]
+    assert types["ranges"] == caffe2_pb2.TensorProto.INT32
+    assert types["col"] == caffe2_pb2.TensorProto.FLOAT

@@ -82,6 +82,8 @@ def update_initializer(
     """An instance of ``initializer_class`` (``Initializer`` when None) built from
     ``operator_name_and_kwargs`` (``(op_type, kwargs)``), or from the default pair when that is
     None. Lets a caller pass a custom fill op, a custom initializer class, or both."""
-    op_name, op_kwargs = operator_name_and_kwargs or default_operator_name_and_kwargs
+    # Only the first two items count (Caffe2 read [0] and [1]; callers pass longer tuples).
+    chosen = operator_name_and_kwargs or default_operator_name_and_kwargs
+    op_name, op_kwargs = chosen[0], chosen[1]
     cls = initializer_class if initializer_class is not None else Initializer
     return cls(op_name, **op_kwargs)

@@ -37,6 +37,23 @@ pub(super) fn lookup(t: &str) -> Option<Rule> {
         "SparseLengthsWeightedSum" => |c: &Ctx<'_>| segments(c, 0, 3),
         "LengthsPad" => lengths_pad,
         "Shape" => shape,
+        // [B, M, N] -> [B, M] (row maxima) / [B, N] (column maxima).
+        "RowwiseMax" | "ColwiseMax" => |c: &Ctx<'_>| {
+            let x = c.input(0)?;
+            if x.dims.len() != 3 {
+                return Err(c.fail("the input must have 3 dimensions"));
+            }
+            let keep = if c.op.r#type() == "RowwiseMax" { 1 } else { 2 };
+            Ok(vec![BlobShape::new(vec![x.dims[0], x.dims[keep]], x.dtype)])
+        },
+        // In place on the data (input 0).
+        "ScatterAssign" | "ScatterWeightedSum" => super::elementwise::identical,
+        // [N] lengths -> [N, 2] int32 (offset, length) pairs.
+        "LengthsToRanges" => |c: &Ctx<'_>| {
+            let l = c.input(0)?;
+            let n = l.dims.first().copied().unwrap_or(1);
+            Ok(vec![BlobShape::new(vec![n, 2], dtype::INT32)])
+        },
         "ResizeLike" => |c: &Ctx<'_>| {
             let x = c.input(0)?;
             Ok(vec![BlobShape::new(c.input(1)?.dims.clone(), x.dtype)])
