@@ -177,6 +177,14 @@ class Optimizer:
             )
         return self.get_cpu_blob_name(base_str, current_scope.node_name)
 
+    def _alpha_lr(self, net, param_init_net):
+        """``build_lr`` for the optimizers whose rate is ``self.alpha`` under ``self.policy``,
+        with the policy arguments given at construction: ``(lr blob, iteration blob)``."""
+        return self.build_lr(
+            net, param_init_net, base_learning_rate=self.alpha, policy=self.policy,
+            **self.init_kwargs,
+        )  # fmt: skip
+
     def build_lr(
         self,
         net,
@@ -645,13 +653,7 @@ class AdagradOptimizer(Optimizer):
             assert self.weight_decay == 0, "weight decay is not implemented for LARS yet"
             self._add_lars(net, param_init_net, param, grad)
 
-        lr, lr_iteration = self.build_lr(
-            net,
-            param_init_net,
-            base_learning_rate=self.alpha,
-            policy=self.policy,
-            **self.init_kwargs,
-        )
+        lr, lr_iteration = self._alpha_lr(net, param_init_net)
         iteration = (
             self.build_non_lr_iter(net, param_init_net, iter_val=0)
             if self._use_dedicated_lr_iteration_counter
@@ -812,13 +814,7 @@ class AdamOptimizer(Optimizer):
         grad = param_info.grad
         if self.alpha <= 0:
             return
-        lr, iteration = self.build_lr(
-            net,
-            param_init_net,
-            base_learning_rate=self.alpha,
-            policy=self.policy,
-            **self.init_kwargs,
-        )
+        lr, iteration = self._alpha_lr(net, param_init_net)
         m1 = param_init_net.ConstantFill([param], param + "_first_moment", value=0.0)
         if self.rowWise:
             rows = _init_net_shapes(param_init_net)[str(param)][0]
@@ -936,13 +932,7 @@ class WngradOptimizer(Optimizer):
         if self.alpha <= 0:
             return
         _lars_if_dense(self, net, param_init_net, param, grad)
-        lr, _ = self.build_lr(
-            net,
-            param_init_net,
-            base_learning_rate=self.alpha,
-            policy=self.policy,
-            **self.init_kwargs,
-        )
+        lr, _ = self._alpha_lr(net, param_init_net)
         moment = param_init_net.ConstantFill(
             [], str(param) + "_moment", shape=[1], value=self.moment_init
         )
@@ -1049,13 +1039,7 @@ class AdadeltaOptimizer(Optimizer):
         param, grad = param_info.blob, param_info.grad
         if self.alpha <= 0:
             return
-        lr, _ = self.build_lr(
-            net,
-            param_init_net,
-            base_learning_rate=self.alpha,
-            policy=self.policy,
-            **self.init_kwargs,
-        )
+        lr, _ = self._alpha_lr(net, param_init_net)
         moment = param_init_net.ConstantFill([param], str(param) + "_squared_moment", value=0.0)
         moment_update = param_init_net.ConstantFill(
             [param], str(param) + "_squared_moment_update", value=0.0
@@ -1167,13 +1151,7 @@ class DecayAdagradOptimizer(Optimizer):
         param, grad = param_info.blob, param_info.grad
         if self.alpha <= 0:
             return
-        lr, iteration = self.build_lr(
-            net,
-            param_init_net,
-            base_learning_rate=self.alpha,
-            policy=self.policy,
-            **self.init_kwargs,
-        )
+        lr, iteration = self._alpha_lr(net, param_init_net)
         if isinstance(grad, core.GradientSlice):
             squared_sum = param_init_net.ConstantFill([param], param + "_squared_sum", value=0.0)
             self._aux_params.local.append(squared_sum)
