@@ -253,3 +253,13 @@ def test_layered_lstm_gradient_of_1d_initial_states():
             model.net, outputs_with_grad=[loss], input_values=values, input_to_check=name,
             print_net=False, step_size=1e-3, threshold=0.01,
         )  # fmt: skip
+
+
+def test_decoder_cells_of_the_attention_cells():
+    args = (3, 4, "dec", AttentionType.Regular, None, 0.0, False, False)
+    lstm = rnn_cell.LSTMWithAttentionCell(2, "enc", "enc_len", *args)
+    mi = rnn_cell.MILSTMWithAttentionCell(2, "enc", *args, forward_only=True)
+    assert type(lstm.decoder_cell) is rnn_cell.LSTMCell and lstm.encoder_lengths == "enc_len"
+    assert type(mi.decoder_cell) is rnn_cell.MILSTMCell and mi.encoder_lengths is None
+    assert mi.decoder_cell.name == "dec/decoder" and mi.forward_only
+    assert mi.get_output_dim() == 4 + 2

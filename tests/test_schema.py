@@ -370,3 +370,10 @@ def test_const_and_empty_records_build_fill_ops():
 def test_repr_shows_the_tree():
     text = repr(schema.Struct(("a", schema.List(np.int32))))
     assert "Struct(" in text and "List(" in text and "a=" in text and "int32" in text
+
+
+def test_field_column_methods_are_abstract():
+    field = schema.Field([])
+    for method in ("field_names", "field_types", "field_metadata", "field_blobs", "all_scalars"):
+        with pytest.raises(NotImplementedError, match="Field is an abstract class"):
+            getattr(field, method)()

@@ -73,6 +73,12 @@ def _sum_match_logits(model, summed, dim, scope):
     return brew.transpose(model, logits, s(scope, "attention_logits_transposed"), axes=[1, 0, 2])
 
 
+def _sum_match_attention(model, summed, encoder_outputs_transposed, dim, scope, lengths):
+    """Additive attention from the sums ``[T, N, D]``: its weights and context."""
+    logits = _sum_match_logits(model, summed, dim, scope)
+    return _weights_and_context(model, logits, encoder_outputs_transposed, dim, scope, lengths)
+
+
 def _projected_step_blob(model, blob, dim_in, dim_out, scope, name):
     """A ``[1, N, dim_in]`` step blob projected to ``[N, dim_out]`` (FC on axis 2, then the
     leading 1 squeezed in place)."""
@@ -119,9 +125,8 @@ def apply_recurrent_attention(
         s(scope, "decoder_hidden_encoder_outputs_sum"),
         broadcast=1,
     )
-    logits = _sum_match_logits(model, summed, dim, scope)
-    context, weights = _weights_and_context(
-        model, logits, encoder_outputs_transposed, dim, scope, encoder_lengths
+    context, weights = _sum_match_attention(
+        model, summed, encoder_outputs_transposed, dim, scope, encoder_lengths
     )
     return context, weights, [summed]
 
@@ -148,9 +153,8 @@ def apply_regular_attention(
         broadcast=1,
         use_grad_hack=1,
     )
-    logits = _sum_match_logits(model, summed, dim, scope)
-    context, weights = _weights_and_context(
-        model, logits, encoder_outputs_transposed, dim, scope, encoder_lengths
+    context, weights = _sum_match_attention(
+        model, summed, encoder_outputs_transposed, dim, scope, encoder_lengths
     )
     return context, weights, [summed]
 
@@ -225,9 +229,8 @@ def apply_soft_coverage_attention(
         axis=0,
     )
     summed = model.net.Add([summed, scaled], s(scope, "decoder_hidden_encoder_outputs_sum"))
-    logits = _sum_match_logits(model, summed, dim, scope)
-    context, weights = _weights_and_context(
-        model, logits, encoder_outputs_transposed, dim, scope, encoder_lengths
+    context, weights = _sum_match_attention(
+        model, summed, encoder_outputs_transposed, dim, scope, encoder_lengths
     )
     weights_2d = model.net.Squeeze(weights, s(scope, "attention_weights_2d"), dims=[2])
     coverage_t = model.net.Add([coverage_t_prev, weights_2d], s(scope, "coverage_t"), broadcast=1)

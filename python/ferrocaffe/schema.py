@@ -120,6 +120,13 @@ def _slot_names(cls):
     return names
 
 
+def _abstract():
+    """The deliberate error of Field's column methods, which every concrete field overrides:
+    Caffe2 raised NotImplementedError with this message (Field can be instantiated, so this is
+    not abc.ABC), and code written for Caffe2 may rely on that type."""
+    raise NotImplementedError("Field is an abstract class.")
+
+
 class Field:
     """A node of a schema tree (abstract).
 
@@ -141,31 +148,31 @@ class Field:
     # -- the flattened view (one entry per column) -------------------------------------
     def field_names(self):
         """The column names of this subtree, relative to it (a Scalar's is ``''``)."""
-        raise NotImplementedError("Field is an abstract class.")
+        _abstract()
 
     def field_types(self):
         """The numpy dtype of each column."""
-        raise NotImplementedError("Field is an abstract class.")
+        _abstract()
 
     def field_metadata(self):
         """The :class:`Metadata` (or None) of each column."""
-        raise NotImplementedError("Field is an abstract class.")
+        _abstract()
 
     def field_blobs(self):
         """The blob of each column (BlobReferences or arrays); every scalar must have one."""
-        raise NotImplementedError("Field is an abstract class.")
+        _abstract()
 
     def all_scalars(self):
         """The Scalar of each column."""
-        raise NotImplementedError("Field is an abstract class.")
+        _abstract()
 
     def has_blobs(self):
         """Whether every scalar of the subtree holds a blob."""
-        raise NotImplementedError("Field is an abstract class.")
+        _abstract()
 
     def clone(self, keep_blobs=True):
         """A copy of the subtree (of the same classes), with or without the blobs."""
-        raise NotImplementedError("Field is an abstract class.")
+        _abstract()
 
     def clone_schema(self):
         """A copy of the subtree without blobs."""
@@ -205,7 +212,7 @@ class Field:
     __hash__ = None
 
     def _pprint_impl(self, indent, out):
-        raise NotImplementedError("Field is an abstract class.")
+        _abstract()
 
     def __repr__(self):
         out = io.StringIO()

@@ -216,20 +216,10 @@ class AttentionCell(RNNCell):
         return self._combine(model, decoder_output, state_outputs[context_index])
 
 
-def _decoder_cell(cls, name, decoder_input_dim, decoder_state_dim, forget_bias, memory_opt):
-    return cls(
-        input_size=decoder_input_dim,
-        hidden_size=decoder_state_dim,
-        forget_bias=forget_bias,
-        memory_optimization=memory_opt,
-        name=f"{name}/decoder",
-        forward_only=False,
-        drop_states=False,
-    )
-
-
 class LSTMWithAttentionCell(AttentionCell):
     """An ``LSTMCell`` decoder (named ``<name>/decoder``) with attention."""
+
+    _decoder_class = LSTMCell
 
     def __init__(
         self,
@@ -246,18 +236,20 @@ class LSTMWithAttentionCell(AttentionCell):
         attention_memory_optimization,
         forward_only=False,
     ):
+        decoder = self._decoder_class(
+            input_size=decoder_input_dim,
+            hidden_size=decoder_state_dim,
+            forget_bias=forget_bias,
+            memory_optimization=lstm_memory_optimization,
+            name=f"{name}/decoder",
+            forward_only=False,
+            drop_states=False,
+        )
         super().__init__(
             encoder_output_dim=encoder_output_dim,
             encoder_outputs=encoder_outputs,
             encoder_lengths=encoder_lengths,
-            decoder_cell=_decoder_cell(
-                LSTMCell,
-                name,
-                decoder_input_dim,
-                decoder_state_dim,
-                forget_bias,
-                lstm_memory_optimization,
-            ),
+            decoder_cell=decoder,
             decoder_state_dim=decoder_state_dim,
             name=name,
             attention_type=attention_type,
@@ -267,43 +259,14 @@ class LSTMWithAttentionCell(AttentionCell):
         )
 
 
-class MILSTMWithAttentionCell(AttentionCell):
-    """A ``MILSTMCell`` decoder (named ``<name>/decoder``) with attention (no encoder
-    lengths, as in Caffe2)."""
+class MILSTMWithAttentionCell(LSTMWithAttentionCell):
+    """A ``MILSTMCell`` decoder (named ``<name>/decoder``) with attention; Caffe2's arguments,
+    which have no encoder lengths."""
 
-    def __init__(
-        self,
-        encoder_output_dim,
-        encoder_outputs,
-        decoder_input_dim,
-        decoder_state_dim,
-        name,
-        attention_type,
-        weighted_encoder_outputs,
-        forget_bias,
-        lstm_memory_optimization,
-        attention_memory_optimization,
-        forward_only=False,
-    ):
-        super().__init__(
-            encoder_output_dim=encoder_output_dim,
-            encoder_outputs=encoder_outputs,
-            encoder_lengths=None,
-            decoder_cell=_decoder_cell(
-                MILSTMCell,
-                name,
-                decoder_input_dim,
-                decoder_state_dim,
-                forget_bias,
-                lstm_memory_optimization,
-            ),
-            decoder_state_dim=decoder_state_dim,
-            name=name,
-            attention_type=attention_type,
-            weighted_encoder_outputs=weighted_encoder_outputs,
-            attention_memory_optimization=attention_memory_optimization,
-            forward_only=forward_only,
-        )
+    _decoder_class = MILSTMCell
+
+    def __init__(self, encoder_output_dim, encoder_outputs, *args, **kwargs):
+        super().__init__(encoder_output_dim, encoder_outputs, None, *args, **kwargs)
 
 
 def LSTMWithAttention(
