@@ -437,24 +437,14 @@ impl Conv {
                 *a += b;
             }
         }
-        let w_dims = w.dims().to_vec();
-        let x_dims = x.dims().to_vec();
-        outs.tensor(0)?
-            .try_ensure::<f32>(&w_dims)?
-            .copy_from_slice(&dw);
-        let mut next = 1;
-        if !self.no_bias {
-            outs.tensor(1)?
-                .try_ensure::<f32>(&[d.m])?
-                .copy_from_slice(&db);
-            next = 2;
-        }
-        if want_dx {
-            outs.tensor(next)?
-                .try_ensure::<f32>(&x_dims)?
-                .copy_from_slice(&dx);
-        }
-        Ok(())
+        let (w_dims, x_dims) = (w.dims().to_vec(), x.dims().to_vec());
+        let dx = want_dx.then_some((x_dims.as_slice(), dx.as_slice()));
+        write_grads(
+            &mut outs,
+            (&w_dims, &dw),
+            (!self.no_bias).then_some(db.as_slice()),
+            dx,
+        )
     }
 
     /// dW and db of a part's images added into its own sums, and their dX written.
@@ -591,4 +581,30 @@ fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
             relu: false,
         }),
     }))
+}
+
+/// The outputs of a convolution gradient: dW (shaped like W), db (one per output channel)
+/// unless there is no bias, and dX (shaped like X) when it is wanted, in that order.
+pub(crate) fn write_grads(
+    outs: &mut crate::ops::operator::Outputs<'_, '_>,
+    (w_dims, dw): (&[usize], &[f32]),
+    db: Option<&[f32]>,
+    dx: Option<(&[usize], &[f32])>,
+) -> Result<()> {
+    outs.tensor(0)?
+        .try_ensure::<f32>(w_dims)?
+        .copy_from_slice(dw);
+    let mut next = 1;
+    if let Some(db) = db {
+        outs.tensor(1)?
+            .try_ensure::<f32>(&[db.len()])?
+            .copy_from_slice(db);
+        next = 2;
+    }
+    if let Some((x_dims, dx)) = dx {
+        outs.tensor(next)?
+            .try_ensure::<f32>(x_dims)?
+            .copy_from_slice(dx);
+    }
+    Ok(())
 }

@@ -661,24 +661,10 @@ impl ConvNd {
                 }
             }
         }
-        let w_dims = w.dims().to_vec();
-        let x_dims = x.dims().to_vec();
-        outs.tensor(0)?
-            .try_ensure::<f32>(&w_dims)?
-            .copy_from_slice(&dw);
-        let mut next = 1;
-        if !self.no_bias {
-            outs.tensor(1)?
-                .try_ensure::<f32>(&[r.m])?
-                .copy_from_slice(&db);
-            next = 2;
-        }
-        if want_dx {
-            outs.tensor(next)?
-                .try_ensure::<f32>(&x_dims)?
-                .copy_from_slice(&dx);
-        }
-        Ok(())
+        let (w_dims, x_dims) = (w.dims().to_vec(), x.dims().to_vec());
+        let dx = want_dx.then_some((x_dims.as_slice(), dx.as_slice()));
+        let db = (!self.no_bias).then_some(db.as_slice());
+        super::conv::write_grads(&mut outs, (&w_dims, &dw), db, dx)
     }
 }
 
