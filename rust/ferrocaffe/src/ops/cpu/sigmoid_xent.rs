@@ -18,11 +18,16 @@ use crate::tensor::Tensor;
 pub fn register(r: &mut Registry) {
     r.cpu("SigmoidCrossEntropyWithLogits", |i| create(i, false));
     r.cpu("SigmoidCrossEntropyWithLogitsGradient", |i| create(i, true));
+    // The weighted ops: a per-element weight input after the targets, plain kind.
     r.cpu("WeightedSigmoidCrossEntropyWithLogits", |_| {
-        Ok(Box::new(FnOp(weighted_forward)))
+        Ok(Box::new(FnOp(|ctx: &mut OpContext<'_>| {
+            forward(ctx, Kind::Plain, Some(2))
+        })))
     });
     r.cpu("WeightedSigmoidCrossEntropyWithLogitsGradient", |_| {
-        Ok(Box::new(FnOp(weighted_backward)))
+        Ok(Box::new(FnOp(|ctx: &mut OpContext<'_>| {
+            backward(ctx, Kind::Plain, Some(3))
+        })))
     });
 }
 
@@ -78,9 +83,9 @@ fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
     };
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         if gradient {
-            backward(ctx, kind)
+            backward(ctx, kind, None)
         } else {
-            forward(ctx, kind)
+            forward(ctx, kind, None)
         }
     })))
 }
@@ -108,9 +113,13 @@ fn same_shape(ctx: &OpContext<'_>, li: usize) -> Result<()> {
     Ok(())
 }
 
-/// Inputs logits, targets; output the loss of each example (logits' shape less its last dim).
-fn forward(ctx: &mut OpContext<'_>, kind: Kind) -> Result<()> {
+/// Inputs logits, targets (and the per-element weights at input `weights`); output the loss
+/// of each example (logits' shape less its last dim).
+fn forward(ctx: &mut OpContext<'_>, kind: Kind, weights: Option<usize>) -> Result<()> {
     same_shape(ctx, 0)?;
+    if let Some(wi) = weights {
+        weights_fit(ctx, 0, wi)?;
+    }
     let (ins, mut outs) = ctx.split();
     let logits = ins.tensor(0)?;
     let (outer, inner) = outer_inner(logits);
@@ -120,18 +129,28 @@ fn forward(ctx: &mut OpContext<'_>, kind: Kind) -> Result<()> {
         .map_or(Vec::new(), |(_, lead)| lead.to_vec());
     let x = logits.as_slice::<f32>()?;
     let t = ins.tensor(1)?.as_slice::<f32>()?;
+    let w = weights
+        .map(|wi| ins.tensor(wi)?.as_slice::<f32>())
+        .transpose()?;
+    let weight = |j: usize| w.map_or(1.0, |w| w[j]);
     let y = outs.tensor(0)?.ensure::<f32>(&out_dims);
     for (i, o) in y.iter_mut().enumerate().take(outer) {
         let k = i * inner;
-        let sum: f32 = (k..k + inner).map(|j| term(kind, x[j], t[j])).sum();
+        let sum: f32 = (k..k + inner)
+            .map(|j| weight(j) * term(kind, x[j], t[j]))
+            .sum();
         *o = -sum / inner as f32;
     }
     Ok(())
 }
 
-/// Inputs dY, logits, targets; output dlogits (logits' shape).
-fn backward(ctx: &mut OpContext<'_>, kind: Kind) -> Result<()> {
+/// Inputs dY, logits, targets (and the weights at input `weights`); output dlogits (logits'
+/// shape).
+fn backward(ctx: &mut OpContext<'_>, kind: Kind, weights: Option<usize>) -> Result<()> {
     same_shape(ctx, 1)?;
+    if let Some(wi) = weights {
+        weights_fit(ctx, 1, wi)?;
+    }
     let (ins, mut outs) = ctx.split();
     let logits = ins.tensor(1)?;
     let (outer, inner) = outer_inner(logits);
@@ -145,11 +164,15 @@ fn backward(ctx: &mut OpContext<'_>, kind: Kind) -> Result<()> {
     let dims = logits.dims().to_vec();
     let x = logits.as_slice::<f32>()?;
     let t = ins.tensor(2)?.as_slice::<f32>()?;
+    let w = weights
+        .map(|wi| ins.tensor(wi)?.as_slice::<f32>())
+        .transpose()?;
+    let weight = |j: usize| w.map_or(1.0, |w| w[j]);
     let dx = outs.tensor(0)?.ensure::<f32>(&dims);
     for (i, &gi) in g.iter().enumerate() {
         let factor = -gi / inner as f32;
         for j in i * inner..(i + 1) * inner {
-            dx[j] = factor * term_grad(kind, x[j], t[j]);
+            dx[j] = factor * weight(j) * term_grad(kind, x[j], t[j]);
         }
     }
     Ok(())
@@ -165,59 +188,6 @@ fn weights_fit(ctx: &OpContext<'_>, li: usize, wi: usize) -> Result<()> {
             w.dims(),
             l.dims()
         );
-    }
-    Ok(())
-}
-
-/// Inputs logits, targets, weights; output the weighted loss of each example.
-fn weighted_forward(ctx: &mut OpContext<'_>) -> Result<()> {
-    same_shape(ctx, 0)?;
-    weights_fit(ctx, 0, 2)?;
-    let (ins, mut outs) = ctx.split();
-    let logits = ins.tensor(0)?;
-    let (outer, inner) = outer_inner(logits);
-    let out_dims = logits
-        .dims()
-        .split_last()
-        .map_or(Vec::new(), |(_, lead)| lead.to_vec());
-    let x = logits.as_slice::<f32>()?;
-    let t = ins.tensor(1)?.as_slice::<f32>()?;
-    let w = ins.tensor(2)?.as_slice::<f32>()?;
-    let y = outs.tensor(0)?.ensure::<f32>(&out_dims);
-    for (i, o) in y.iter_mut().enumerate().take(outer) {
-        let k = i * inner;
-        let sum: f32 = (k..k + inner)
-            .map(|j| w[j] * term(Kind::Plain, x[j], t[j]))
-            .sum();
-        *o = -sum / inner as f32;
-    }
-    Ok(())
-}
-
-/// Inputs dY, logits, targets, weights; output dlogits.
-fn weighted_backward(ctx: &mut OpContext<'_>) -> Result<()> {
-    same_shape(ctx, 1)?;
-    weights_fit(ctx, 1, 3)?;
-    let (ins, mut outs) = ctx.split();
-    let logits = ins.tensor(1)?;
-    let (outer, inner) = outer_inner(logits);
-    let g = ins.tensor(0)?.as_slice::<f32>()?;
-    if g.len() != outer {
-        bail!(
-            ShapeMismatch: "the output gradient has {} values, expected one per example ({outer})",
-            g.len()
-        );
-    }
-    let dims = logits.dims().to_vec();
-    let x = logits.as_slice::<f32>()?;
-    let t = ins.tensor(2)?.as_slice::<f32>()?;
-    let w = ins.tensor(3)?.as_slice::<f32>()?;
-    let dx = outs.tensor(0)?.ensure::<f32>(&dims);
-    for (i, &gi) in g.iter().enumerate() {
-        let factor = -gi / inner as f32;
-        for j in i * inner..(i + 1) * inner {
-            dx[j] = factor * w[j] * term_grad(Kind::Plain, x[j], t[j]);
-        }
     }
     Ok(())
 }
