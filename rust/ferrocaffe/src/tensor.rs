@@ -262,6 +262,7 @@ impl Buffer {
         }
     }
 
+    #[inline]
     fn device(&self) -> Device {
         match self {
             Buffer::Device(m) => m.device(),
@@ -307,6 +308,7 @@ impl Storage {
         })
     }
 
+    #[inline]
     fn buffer(&self) -> &Arc<Buffer> {
         // SAFETY: see the Sync impl.
         unsafe { &*self.buf.get() }
@@ -315,6 +317,7 @@ impl Storage {
     /// Mutable access to the buffer, copying it first when another `Storage` shares it or when
     /// it is external.
     #[allow(clippy::mut_from_ref)]
+    #[inline]
     fn buffer_mut(&self) -> &mut Buffer {
         // Uniqueness is read from the strong count (no `Weak<Buffer>` is ever made), never with
         // `Arc::get_mut`: its check briefly locks the weak count, so two threads writing
@@ -606,6 +609,7 @@ impl Tensor {
     }
 
     /// The device the tensor's memory is on.
+    #[inline]
     pub fn device(&self) -> Device {
         self.storage.buffer().device()
     }
@@ -615,14 +619,17 @@ impl Tensor {
         self.device().is_host()
     }
 
+    #[inline]
     fn check_host(&self) -> Result<()> {
         match self.device() {
             Device::Cpu => Ok(()),
-            d => Err(not_on_host(
-                d,
-                &format!("a tensor of {} {:?}", self.dtype, self.dims),
-            )),
+            d => Err(self.not_on_host_error(d)),
         }
+    }
+
+    #[cold]
+    fn not_on_host_error(&self, d: Device) -> Error {
+        not_on_host(d, &format!("a tensor of {} {:?}", self.dtype, self.dims))
     }
 
     /// A tensor of `dtype` and `dims` whose elements are `memory` on a device (made by a
@@ -693,19 +700,22 @@ impl Tensor {
         Ok(host)
     }
 
+    #[inline]
     fn check<T: Element>(&self) -> Result<()> {
         self.check_host()?;
         if self.dtype != T::DTYPE {
-            return Err(Error::InvalidArgument(format!(
-                "tensor holds {}, not {}",
-                self.dtype,
-                T::DTYPE
-            )));
+            return Err(self.dtype_error(T::DTYPE));
         }
         Ok(())
     }
 
+    #[cold]
+    fn dtype_error(&self, want: DataType) -> Error {
+        Error::InvalidArgument(format!("tensor holds {}, not {want}", self.dtype))
+    }
+
     /// The elements, if the tensor holds `T`.
+    #[inline]
     pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
         self.check::<T>()?;
         let n = self.numel();
@@ -726,6 +736,7 @@ impl Tensor {
     }
 
     /// The elements for writing, if the tensor holds `T` (copies a shared buffer first).
+    #[inline]
     pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
         self.check::<T>()?;
         let n = self.numel();
@@ -880,6 +891,7 @@ impl Tensor {
     }
 
     /// [`reset`](Self::reset) to `T` and `dims`, then the elements for writing.
+    #[inline]
     pub fn ensure<T: Element>(&mut self, dims: &[usize]) -> &mut [T] {
         self.reset(T::DTYPE, dims);
         match self.as_mut_slice::<T>() {

@@ -204,6 +204,7 @@ impl<'a> OpContext<'a> {
     }
 
     /// Whether input `i` and output `j` are the same blob.
+    #[inline]
     pub fn is_inplace(&self, i: usize, j: usize) -> bool {
         match (self.in_handles.get(i), self.out_handles.get(j)) {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
@@ -223,6 +224,7 @@ impl<'a> OpContext<'a> {
     }
 
     /// The blob of input `i`.
+    #[inline]
     pub fn input_blob(&self, i: usize) -> Result<&Blob> {
         if i >= self.in_handles.len() {
             return Err(Error::Schema(format!(
@@ -252,6 +254,7 @@ impl<'a> OpContext<'a> {
     }
 
     /// The tensor of input `i`, with an error naming the blob when it holds something else.
+    #[inline]
     pub fn input(&self, i: usize) -> Result<&Tensor> {
         let b = self.input_blob(i)?;
         b.tensor().ok_or_else(|| {
@@ -320,6 +323,7 @@ impl Inputs<'_, '_> {
     }
 
     /// The blob of input `i`; an error when `i` is also an output.
+    #[inline]
     pub fn blob(&self, i: usize) -> Result<&Blob> {
         let mut k = i;
         loop {
@@ -337,6 +341,7 @@ impl Inputs<'_, '_> {
     }
 
     /// The tensor of input `i`.
+    #[inline]
     pub fn tensor(&self, i: usize) -> Result<&Tensor> {
         let b = self.blob(i)?;
         b.tensor().ok_or_else(|| {
@@ -367,17 +372,20 @@ impl Outputs<'_, '_> {
     }
 
     /// The blob of output `j`.
+    #[inline]
     pub fn blob(&mut self, j: usize) -> Result<&mut Blob> {
-        let name = self.def.output.get(j).cloned().unwrap_or_default();
+        let def = self.def;
         match self.outs.get_mut(j).and_then(|o| o.as_deref_mut()) {
             Some(b) => Ok(b),
             None => Err(Error::Schema(format!(
-                "output {j} ('{name}') repeats an earlier output"
+                "output {j} ('{}') repeats an earlier output",
+                def.output.get(j).map(String::as_str).unwrap_or("?")
             ))),
         }
     }
 
     /// The tensor of output `j`.
+    #[inline]
     pub fn tensor(&mut self, j: usize) -> Result<&mut Tensor> {
         Ok(self.blob(j)?.tensor_mut())
     }

@@ -67,6 +67,20 @@ fn type_mismatch(ctx: &OpContext<'_>, i: usize, want: DataType, got: DataType) -
 
 /// `y = f(x)` elementwise from input 0 to output 0 (in place when they are one blob).
 pub fn unary<A: Element, C: Element>(ctx: &mut OpContext<'_>, f: impl Fn(A) -> C) -> Result<()> {
+    // The common case first, with one lookup of the input (a chain of tiny ops pays for every
+    // lookup); anything else (in place, wrong type, not a tensor) takes the checked path below.
+    if !ctx.is_inplace(0, 0) {
+        let (ins, mut outs) = ctx.split();
+        if let Ok(xt) = ins.tensor(0) {
+            if let Ok(x) = xt.as_slice::<A>() {
+                let y = outs.tensor(0)?.ensure::<C>(xt.dims());
+                for (o, &v) in y.iter_mut().zip(x) {
+                    *o = f(v);
+                }
+                return Ok(());
+            }
+        }
+    }
     let dt = input_dtype(ctx, 0)?;
     if dt != A::DTYPE {
         return Err(type_mismatch(ctx, 0, A::DTYPE, dt));
