@@ -15,6 +15,9 @@
 # and keeps only Caffe2's Python files; nothing of Caffe2's is copied into this repository.
 # The test environment needs: pip install -e '.[test]' torch future six mock
 # (several files import torch, as they did inside the torch wheel). Not part of .ci/run.
+# Caffe2's tests were written for numpy 1.x (the census ran numpy 1.21): in an environment with
+# "numpy<2" (1.26 is the oldest with wheels for Python 3.11/3.12) fewer of their own reference
+# functions break; the report says which listed exceptions apply to the numpy in use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIT=${CAFFE2_TESTS_KIT:-../shared/caffe2-tests}
@@ -26,14 +29,26 @@ fi
 DIR=$(bash "$KIT/fetch.sh" "${CAFFE2_TESTS_DIR:-$HOME/.cache/ferrocaffe/caffe2-tests}")
 JOBS=${JOBS:-$(nproc)}
 HELPERS=test_util,hypothesis_test_util,serialized_test_util,device_checker,hip_test_util,rnn_cell_test_util
+OUT=${CAFFE2_SUITE_OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+# Per group, with and without the listed exceptions (tests/caffe2_suite_exceptions.toml), and
+# the wall time against Caffe2's; the runner's JSON stays in $OUT.
+report() {
+    if [[ -f $OUT/$1.json ]]; then
+        "$PY" scripts/caffe2_suite_report.py "$OUT/$1.json" --census "$KIT/census.json" --mode "$1"
+    fi
+}
 status=0
 if [[ ${MODE:-both} != upstream ]]; then
     echo "== ferrocaffe's own helpers (--no-fallback)"
-    "$PY" "$KIT/run.py" "$PY" "$DIR" --no-fallback -j "$JOBS" "$@" || status=$?
+    "$PY" "$KIT/run.py" "$PY" "$DIR" --no-fallback -j "$JOBS" --json "$OUT/own.json" "$@" \
+        || status=$?
+    report own
 fi
 if [[ ${MODE:-both} != own ]]; then
     echo "== Caffe2's helpers (--no-fallback --force-upstream $HELPERS)"
-    "$PY" "$KIT/run.py" "$PY" "$DIR" --no-fallback --force-upstream "$HELPERS" -j "$JOBS" "$@" \
-        || status=$?
+    "$PY" "$KIT/run.py" "$PY" "$DIR" --no-fallback --force-upstream "$HELPERS" -j "$JOBS" \
+        --json "$OUT/upstream.json" "$@" || status=$?
+    report upstream
 fi
 exit $status
