@@ -157,3 +157,36 @@ fn backward(ctx: &mut OpContext<'_>, p: Params) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::proto::{Argument, OperatorDef};
+    use crate::tensor::Tensor;
+    use crate::workspace::Workspace;
+
+    #[test]
+    fn empty_rows_and_replicating_an_empty_row() {
+        let ws = Workspace::new();
+        ws.feed("x", Tensor::from_vec(&[0, 3], Vec::<f32>::new()).unwrap());
+        ws.feed("y", Tensor::from_vec(&[0, 5], Vec::<f32>::new()).unwrap());
+        let op = OperatorDef::new("DotProductWithPadding", ["x", "y"], ["z"]);
+        ws.run_operator_once(&op).unwrap();
+        assert_eq!(ws.fetch("z").unwrap().dims(), &[0]);
+        // Y's rows are empty: padding X's rows with nothing gives pad_value * sum(X).
+        ws.feed(
+            "x",
+            Tensor::from_vec(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap(),
+        );
+        ws.feed("y", Tensor::from_vec(&[2, 0], Vec::<f32>::new()).unwrap());
+        let mut op = OperatorDef::new("DotProductWithPadding", ["x", "y"], ["z"]);
+        op.arg.push(Argument::float("pad_value", 2.0));
+        ws.run_operator_once(&op).unwrap();
+        assert_eq!(
+            ws.fetch("z").unwrap().as_slice::<f32>().unwrap(),
+            &[6.0, 14.0]
+        );
+        op.arg.push(Argument::int("replicate", 1));
+        let e = ws.run_operator_once(&op).unwrap_err().to_string();
+        assert!(e.contains("multiple"), "{e}");
+    }
+}

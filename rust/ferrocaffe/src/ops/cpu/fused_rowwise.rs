@@ -447,4 +447,47 @@ mod tests {
             &back.as_slice::<f32>().unwrap()[3..]
         );
     }
+
+    #[test]
+    fn half_variants_round_trip_and_empty_rows() {
+        use half::f16;
+        let ws = Workspace::new();
+        let x: Vec<f16> = [0.0f32, 1.0, 0.5, -2.0, 2.0, 0.25]
+            .iter()
+            .map(|&v| f16::from_f32(v))
+            .collect();
+        ws.feed("x", Tensor::from_vec(&[2, 3], x.clone()).unwrap());
+        for (q, d, width) in [
+            (
+                "HalfFloatToFused8BitRowwiseQuantized",
+                "Fused8BitRowwiseQuantizedToHalfFloat",
+                11,
+            ),
+            (
+                "HalfFloatToFused8BitRowwiseQuantizedHalfScaleBias",
+                "Fused8BitRowwiseQuantizedHalfScaleBiasToHalfFloat",
+                7,
+            ),
+        ] {
+            ws.run_operator_once(&OperatorDef::new(q, ["x"], ["q"]))
+                .unwrap();
+            assert_eq!(ws.fetch("q").unwrap().dims(), &[2, width]);
+            ws.run_operator_once(&OperatorDef::new(d, ["q"], ["d"]))
+                .unwrap();
+            let back = ws.fetch("d").unwrap();
+            for (a, b) in back.as_slice::<f16>().unwrap().iter().zip(&x) {
+                assert!((a.to_f32() - b.to_f32()).abs() < 0.02, "{q}: {a} vs {b}");
+            }
+        }
+        // Rows of no values: only scale and bias.
+        ws.feed("e", Tensor::from_vec(&[2, 0], Vec::<f32>::new()).unwrap());
+        let q = "FloatToFused8BitRowwiseQuantizedHalfScaleBias";
+        ws.run_operator_once(&OperatorDef::new(q, ["e"], ["q"]))
+            .unwrap();
+        assert_eq!(ws.fetch("q").unwrap().dims(), &[2, 4]);
+        let d = "Fused8BitRowwiseQuantizedHalfScaleBiasToFloat";
+        ws.run_operator_once(&OperatorDef::new(d, ["q"], ["d"]))
+            .unwrap();
+        assert_eq!(ws.fetch("d").unwrap().dims(), &[2, 0]);
+    }
 }

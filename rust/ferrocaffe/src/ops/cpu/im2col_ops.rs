@@ -163,3 +163,30 @@ fn run_col2im(ctx: &mut OpContext<'_>, g: &Geometry) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::proto::{Argument, OperatorDef};
+    use crate::tensor::Tensor;
+    use crate::workspace::Workspace;
+
+    #[test]
+    fn an_empty_batch_and_a_one_by_one_kernel() {
+        let ws = Workspace::new();
+        ws.feed(
+            "x",
+            Tensor::from_vec(&[0, 2, 3, 3], Vec::<f32>::new()).unwrap(),
+        );
+        let mut op = OperatorDef::new("Im2Col", ["x"], ["y"]);
+        op.arg.push(Argument::int("kernel", 2));
+        ws.run_operator_once(&op).unwrap();
+        assert_eq!(ws.fetch("y").unwrap().dims(), &[0, 8, 2, 2]);
+        // A 1 x 1 kernel, stride 1: the columns are the image itself.
+        let x: Vec<f32> = (0..6).map(|i| i as f32).collect();
+        ws.feed("x", Tensor::from_vec(&[1, 2, 1, 3], x.clone()).unwrap());
+        let mut op = OperatorDef::new("Im2Col", ["x"], ["y"]);
+        op.arg.push(Argument::int("kernel", 1));
+        ws.run_operator_once(&op).unwrap();
+        assert_eq!(ws.fetch("y").unwrap().as_slice::<f32>().unwrap(), &x[..]);
+    }
+}

@@ -117,3 +117,25 @@ fn pad<T: Pad + crate::tensor::Element>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::proto::{Argument, OperatorDef};
+    use crate::tensor::Tensor;
+    use crate::workspace::Workspace;
+
+    #[test]
+    fn empty_lengths_and_negative_lengths() {
+        let ws = Workspace::new();
+        ws.feed("d", Tensor::from_vec(&[0, 2], Vec::<f32>::new()).unwrap());
+        ws.feed("l", Tensor::from_vec(&[0], Vec::<i32>::new()).unwrap());
+        let mut op = OperatorDef::new("LengthsPad", ["d", "l"], ["y"]);
+        op.arg.push(Argument::int("target_length", 3));
+        ws.run_operator_once(&op).unwrap();
+        assert_eq!(ws.fetch("y").unwrap().dims(), &[0, 2]);
+        ws.feed("d", Tensor::from_vec(&[1, 2], vec![1.0f32, 2.0]).unwrap());
+        ws.feed("l", Tensor::from_vec(&[2], vec![2i32, -1]).unwrap());
+        let e = ws.run_operator_once(&op).unwrap_err().to_string();
+        assert!(e.contains("negative"), "{e}");
+    }
+}

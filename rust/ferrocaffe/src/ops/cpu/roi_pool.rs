@@ -217,3 +217,53 @@ fn backward(ctx: &mut OpContext<'_>, p: &Params) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::proto::{Argument, OperatorDef};
+    use crate::tensor::Tensor;
+    use crate::workspace::Workspace;
+
+    #[test]
+    fn hostile_rois_give_clipped_or_empty_bins_and_bad_batches_an_error() {
+        let ws = Workspace::new();
+        let x: Vec<f32> = (0..2 * 3 * 4).map(|i| i as f32).collect();
+        ws.feed("x", Tensor::from_vec(&[1, 2, 3, 4], x).unwrap());
+        let rois = vec![
+            0.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e30,
+            0.0,
+            -1e30,
+            -1e30,
+            1e30,
+            1e30,
+        ];
+        ws.feed("r", Tensor::from_vec(&[2, 5], rois).unwrap());
+        let mut op = OperatorDef::new("RoIPool", ["x", "r"], ["y", "a"]);
+        op.arg.push(Argument::int("pooled_h", 2));
+        op.arg.push(Argument::int("pooled_w", 2));
+        ws.run_operator_once(&op).unwrap();
+        let y = ws.fetch("y").unwrap();
+        assert_eq!(y.dims(), &[2, 2, 2, 2]);
+        let a = ws.fetch("a").unwrap();
+        // Every argmax is -1 (empty bin, value 0) or inside the 3 x 4 plane.
+        for (&i, &v) in a
+            .as_slice::<i32>()
+            .unwrap()
+            .iter()
+            .zip(y.as_slice::<f32>().unwrap())
+        {
+            assert!((-1..12).contains(&i), "{i}");
+            assert!(i >= 0 || v == 0.0);
+        }
+        ws.feed(
+            "r",
+            Tensor::from_vec(&[1, 5], vec![-1.0f32, 0.0, 0.0, 1.0, 1.0]).unwrap(),
+        );
+        let e = ws.run_operator_once(&op).unwrap_err().to_string();
+        assert!(e.contains("batch index -1"), "{e}");
+    }
+}
