@@ -61,7 +61,7 @@ fn run(ctx: &mut OpContext<'_>, target: usize, padding: f64) -> Result<()> {
         bail!(ShapeMismatch: "LENGTHS must be 1-D, got shape {:?}", lengths.dims());
     }
     if !matches!(lengths.dtype(), DataType::Int32 | DataType::Int64) {
-        bail!(DtypeMismatch: "LENGTHS must be int32, got {}", lengths.dtype().name());
+        bail!(DtypeMismatch: "LENGTHS must be int32 or int64, got {}", lengths.dtype().name());
     }
     if data.ndim() < 1 {
         bail!(ShapeMismatch: "DATA should be at least 1-D");
