@@ -152,6 +152,8 @@ def test_lengths_pad_refusals():
         run("LengthsPad", {"D": data, "L": lengths}, ["Y"], target_length=1)
     with pytest.raises(RuntimeError, match="DATA has 3 rows"):
         run("LengthsPad", {"D": data, "L": np.array([1, 1], np.int32)}, ["Y"], target_length=2)
+    with pytest.raises(RuntimeError, match="int32 or int64"):
+        run("LengthsPad", {"D": data, "L": lengths.astype(np.float32)}, ["Y"], target_length=3)
     with pytest.raises(RuntimeError, match="LENGTHS must be 1-D"):
         run("LengthsPad", {"D": data, "L": np.array([[3]], np.int32)}, ["Y"], target_length=3)
     with pytest.raises(RuntimeError):
