@@ -433,3 +433,22 @@ def test_roi_pool_gradient_maker_and_refusals():
         run("RoIPool", {"X": x, "R": rois[:, :4]}, ["Y", "A"])
     with pytest.raises(RuntimeError):
         run("RoIPool", {"X": x, "R": rois, "Z": rois}, ["Y", "A"])
+
+
+@pytest.mark.parametrize(
+    "op_type,inputs,outputs,args",
+    [
+        ("Im2Col", ["X"], ["X"], {"kernel": 1}),
+        ("Col2Im", ["C", "X"], ["X"], {"kernel": 1}),
+        ("LengthsPad", ["X", "L"], ["X"], {"target_length": 2}),
+        ("DotProductWithPadding", ["X", "Y"], ["X"], {}),
+        ("RoIPool", ["X", "R"], ["X", "A"], {}),
+        ("HalfFloatToFused8BitRowwiseQuantized", ["X"], ["X"], {}),
+        ("Fused8BitRowwiseQuantizedHalfScaleBiasToFloat", ["X"], ["X"], {}),
+    ],
+)
+def test_new_ops_do_not_run_in_place(op_type, inputs, outputs, args):
+    for name in set(inputs):
+        workspace.FeedBlob(name, f32(1, 1, 2, 2))
+    with pytest.raises(RuntimeError, match="cannot run in place"):
+        workspace.RunOperatorOnce(core.CreateOperator(op_type, inputs, outputs, **args))
