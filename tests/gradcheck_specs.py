@@ -557,6 +557,70 @@ def _merged_cases():
     }
 
 
+def _shape_suite_cases():
+    """DotProductWithPadding, Im2Col / Col2Im and RoIPool (Caffe2's shape-inference suite)."""
+    dot = "DotProductWithPadding"
+    rois = [[0, 0.2, 0.4, 4.2, 3.6], [1, 1.2, 0.0, 3.1, 4.4], [0, -2.0, -1.0, 9.0, 8.0]]
+    return {
+        dot: [
+            _c(
+                dot,
+                [("X", uniform((3, 2))), ("Y", uniform((3, 5)))],
+                ("Z",),
+                args={"pad_value": 0.5},
+            ),
+            _c(
+                dot,
+                [("X", uniform((3, 2, 3))), ("Y", uniform((3, 2, 1)))],
+                ("Z",),
+                args={"pad_value": -0.7},
+                variant="x_longer",
+            ),
+            _c(
+                dot,
+                [("X", uniform((3, 2))), ("Y", uniform((3, 6)))],
+                ("Z",),
+                args={"replicate": 1},
+                variant="replicate",
+            ),
+        ],
+        "Im2Col": [
+            _c("Im2Col", [("X", uniform((2, 2, 5, 4)))], args={"kernel": 3, "pad": 1, "stride": 2}),
+            _c(
+                "Im2Col",
+                [("X", uniform((1, 5, 6, 2)))],
+                args={"kernel_h": 2, "kernel_w": 3, "dilation": 2, "order": "NHWC"},
+                variant="nhwc",
+            ),
+        ],
+        "Col2Im": [
+            _c(
+                "Col2Im",
+                [("C", uniform((2, 18, 3, 2))), ("X", uniform((2, 2, 5, 4)))],
+                args={"kernel": 3, "pad": 1, "stride": 2},
+                check=[0],
+            ),
+        ],
+        "RoIPool": [
+            _c(
+                "RoIPool",
+                [("X", distinct((2, 2, 5, 6), gap=0.05)), ("R", const(rois, np.float32))],
+                ("Y", "argmaxes"),
+                args={"pooled_h": 2, "pooled_w": 3},
+                check=[0],
+            ),
+            _c(
+                "RoIPool",
+                [("X", distinct((2, 2, 5, 6), gap=0.05)), ("R", const(rois, np.float32))],
+                ("Y", "argmaxes"),
+                args={"pooled_h": 3, "pooled_w": 2, "spatial_scale": 0.5},
+                check=[0],
+                variant="scale_half",
+            ),
+        ],
+    }
+
+
 SPECS = {
     # -- elementwise arithmetic
     "Add": _binary("Add"),
@@ -1114,6 +1178,7 @@ SPECS = {
     **_lengths_cases(),
     **_red_cases(),
     **_merged_cases(),
+    **_shape_suite_cases(),
 }
 
 

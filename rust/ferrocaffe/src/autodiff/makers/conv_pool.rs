@@ -29,6 +29,12 @@ pub fn register(r: &mut Registry) {
     }
     r.register_maker("PadImage", single("PadImageGradient", &[GO(0)], &[GI(0)]));
     r.register_maker("UpsampleBilinear", upsample_bilinear);
+    r.register_maker("Im2Col", single("Col2Im", &[GO(0), I(0)], &[GI(0)]));
+    r.register_maker("Col2Im", single("Im2Col", &[GO(0)], &[GI(0)]));
+    r.register_maker(
+        "RoIPool",
+        single("RoIPoolGradient", &[I(0), I(1), O(1), GO(0)], &[GI(0)]),
+    );
 }
 
 /// `Conv` / `ConvTranspose`: one gradient op producing dW, db (with a bias) and dX (unless

@@ -1,7 +1,9 @@
 //! Dense layers and normalisation: `FC`, `MatMul`, `BatchMatMul`, `DotProduct`, `Softmax`,
 //! `LRN`, `Dropout`, `SpatialBN`, `LayerNorm`, `GroupNorm`, `InstanceNorm`, `PRelu`.
 
-use super::util::{arg_i, fail, gop, grad_in, grad_out, input, output, single, Args, Slot::*};
+use super::util::{
+    arg_f, arg_i, fail, gop, grad_in, grad_out, input, output, single, Args, Slot::*,
+};
 use crate::autodiff::maker::MakerCtx;
 use crate::autodiff::registry::Registry;
 use crate::error::Result;
@@ -49,6 +51,26 @@ pub fn register(r: &mut Registry) {
         "PRelu",
         single("PReluGradient", &[O(0), GO(0), I(0), I(1)], &[GI(0), GI(1)]),
     );
+    r.register_maker("DotProductWithPadding", dot_product_with_padding);
+}
+
+/// `DotProductWithPadding`: the gradient op gets `pad_value` (float) and `replicate` (bool)
+/// as the forward op's fields hold them (0 when absent), then the forward op's arguments.
+fn dot_product_with_padding(ctx: &mut MakerCtx<'_>) -> Result<Vec<OperatorDef>> {
+    let args = Args::new(ctx)?;
+    let pad_value = args.get("pad_value").and_then(|a| a.f).unwrap_or(0.0);
+    let replicate = args.get("replicate").and_then(|a| a.i).unwrap_or(0) != 0;
+    let ins = vec![input(ctx, 0)?, input(ctx, 1)?, grad_out(ctx, 0)?];
+    let outs = vec![grad_in(ctx, 0)?, grad_in(ctx, 1)?];
+    Ok(vec![gop(
+        "DotProductWithPaddingGradient",
+        ins,
+        outs,
+        vec![
+            arg_f("pad_value", pad_value),
+            arg_i("replicate", i64::from(replicate)),
+        ],
+    )])
 }
 
 /// `MatMul`: two MatMuls with explicit transposition arguments; the forward arguments are not

@@ -59,6 +59,13 @@ pub fn register(r: &mut Registry) {
         "SparseLengthsMean8BitsRowwise",
         "SparseLengthsWeightedSum8BitsRowwise",
         "SparseLengthsWeightedMean8BitsRowwise",
+        "HalfFloatToFused8BitRowwiseQuantized",
+        "FloatToFused8BitRowwiseQuantizedHalfScaleBias",
+        "HalfFloatToFused8BitRowwiseQuantizedHalfScaleBias",
+        "Fused8BitRowwiseQuantizedToHalfFloat",
+        "Fused8BitRowwiseQuantizedHalfScaleBiasToFloat",
+        "Fused8BitRowwiseQuantizedHalfScaleBiasToHalfFloat",
+        "LengthsPad",
     ] {
         r.register(t, GradientKind::NoGradient);
     }

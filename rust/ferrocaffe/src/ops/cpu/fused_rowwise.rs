@@ -2,28 +2,67 @@
 //!
 //! * fused storage (`FloatToFused8BitRowwiseQuantized`, `Fused8BitRowwiseQuantizedToFloat`,
 //!   `GatherFused8BitRowwise`): each uint8 row holds its quantized values followed by its
-//!   scale and bias as two little-endian float32 (8 bytes);
+//!   scale and bias as two little-endian float32 (8 bytes). The `HalfFloat` variants take or
+//!   give float16 values, the `HalfScaleBias` ones store scale and bias as two float16
+//!   (4 bytes): `{Float,HalfFloat}ToFused8BitRowwiseQuantized[HalfScaleBias]` and
+//!   `Fused8BitRowwiseQuantized[HalfScaleBias]To{Float,HalfFloat}`;
 //! * separate storage (`SparseLengths{Sum,Mean}8BitsRowwise`,
 //!   `SparseLengthsWeighted{Sum,Mean}8BitsRowwise`): a uint8 table and a `[rows, 2]` float
 //!   SCALE_BIAS input.
 //!
 //! A value is `q * scale + bias`; quantizing a row uses `scale = (max - min) / 255` and
-//! `bias = min`.
+//! `bias = min` (with float16 scale and bias, `bias` is `min` rounded to float16 and the
+//! quantization divides by the float16 scale, as fbgemm's `SBHalf` routines do).
+
+use std::borrow::Cow;
 
 use crate::error::{try_vec, Result};
-use crate::ops::operator::{FnOp, OpContext};
+use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::{Factory, Registry};
 use crate::tensor::{DataType, Tensor};
 use crate::{bail, err};
+use half::f16;
 
 /// Registers the family.
 pub fn register(r: &mut Registry) {
-    r.cpu("FloatToFused8BitRowwiseQuantized", |_| {
-        Ok(Box::new(FnOp(quantize)))
-    });
-    r.cpu("Fused8BitRowwiseQuantizedToFloat", |_| {
-        Ok(Box::new(FnOp(dequantize)))
-    });
+    // (type, half-precision values, half-precision scale and bias)
+    let conversions: [(&str, Factory); 8] = [
+        (
+            "FloatToFused8BitRowwiseQuantized",
+            create_quantize::<false, false>,
+        ),
+        (
+            "HalfFloatToFused8BitRowwiseQuantized",
+            create_quantize::<true, false>,
+        ),
+        (
+            "FloatToFused8BitRowwiseQuantizedHalfScaleBias",
+            create_quantize::<false, true>,
+        ),
+        (
+            "HalfFloatToFused8BitRowwiseQuantizedHalfScaleBias",
+            create_quantize::<true, true>,
+        ),
+        (
+            "Fused8BitRowwiseQuantizedToFloat",
+            create_dequantize::<false, false>,
+        ),
+        (
+            "Fused8BitRowwiseQuantizedToHalfFloat",
+            create_dequantize::<true, false>,
+        ),
+        (
+            "Fused8BitRowwiseQuantizedHalfScaleBiasToFloat",
+            create_dequantize::<false, true>,
+        ),
+        (
+            "Fused8BitRowwiseQuantizedHalfScaleBiasToHalfFloat",
+            create_dequantize::<true, true>,
+        ),
+    ];
+    for (name, f) in conversions {
+        r.cpu(name, f);
+    }
     r.cpu("GatherFused8BitRowwise", |_| Ok(Box::new(FnOp(gather))));
     let ops: [(&str, Factory); 4] = [
         ("SparseLengthsSum8BitsRowwise", |_| {
@@ -64,16 +103,86 @@ fn matrix(t: &Tensor, what: &str) -> Result<(usize, usize)> {
     Ok((t.numel().checked_div(cols).unwrap_or(0), cols))
 }
 
-fn quantize(ctx: &mut OpContext<'_>) -> Result<()> {
+fn create_quantize<const HALF: bool, const HALF_SB: bool>(
+    _: &OpInit<'_>,
+) -> Result<Box<dyn Operator>> {
+    Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
+        quantize(c, HALF, HALF_SB)
+    })))
+}
+
+fn create_dequantize<const HALF: bool, const HALF_SB: bool>(
+    _: &OpInit<'_>,
+) -> Result<Box<dyn Operator>> {
+    Ok(Box::new(FnOp(|c: &mut OpContext<'_>| {
+        dequantize(c, HALF, HALF_SB)
+    })))
+}
+
+/// Bytes of a fused row's scale and bias: two float32, or two float16.
+fn sb_bytes(half_sb: bool) -> usize {
+    if half_sb {
+        4
+    } else {
+        SCALE_BIAS_BYTES
+    }
+}
+
+/// The values of a float (or, with `half`, float16) tensor as float32.
+fn values_f32(x: &Tensor, half: bool) -> Result<Cow<'_, [f32]>> {
+    let want = if half {
+        DataType::Float16
+    } else {
+        DataType::Float
+    };
+    if x.dtype() != want {
+        bail!(
+            DtypeMismatch: "input must be {}, got {}",
+            want.name(),
+            x.dtype().name()
+        );
+    }
+    if half {
+        let h = x.as_slice::<f16>()?;
+        let mut v = try_vec(h.len(), 0f32, "the float16 values as float")?;
+        for (o, i) in v.iter_mut().zip(h) {
+            *o = i.to_f32();
+        }
+        Ok(Cow::Owned(v))
+    } else {
+        Ok(Cow::Borrowed(x.as_slice::<f32>()?))
+    }
+}
+
+/// `(scale, bias, 1 / scale)` of a row with float16 scale and bias: the bias is the minimum
+/// rounded to float16 and the scale the float16 step (1 when the row is constant).
+fn half_scale_bias(lo: f32, hi: f32) -> (f16, f16, f32) {
+    let bias = f16::from_f32(lo);
+    let range = hi - bias.to_f32();
+    let mut scale = if range == 0.0 { 1.0 } else { range / 255.0 };
+    scale = f16::from_f32(scale).to_f32();
+    if scale == 0.0 {
+        scale = 1.0;
+    }
+    let mut inv = 1.0 / scale;
+    if inv.is_infinite() {
+        scale = 1.0;
+        inv = 1.0;
+    }
+    (f16::from_f32(scale), bias, inv)
+}
+
+/// `*ToFused8BitRowwiseQuantized*`: each row of the input (float or float16) becomes its
+/// quantized bytes followed by its scale and bias (float32, or float16 with `half_sb`).
+fn quantize(ctx: &mut OpContext<'_>, half: bool, half_sb: bool) -> Result<()> {
     let (ins, mut outs) = ctx.split();
     let x = ins.tensor(0)?;
-    if x.dtype() != DataType::Float {
-        bail!(DtypeMismatch: "input must be float, got {}", x.dtype().name());
-    }
+    let xs = values_f32(x, half)?;
     let (rows, cols) = matrix(x, "input")?;
-    let xs = x.as_slice::<f32>()?;
     let mut od = x.dims().to_vec();
-    let width = cols + SCALE_BIAS_BYTES;
+    let width = cols
+        .checked_add(sb_bytes(half_sb))
+        .ok_or_else(|| err!(BadArgument: "rows of {cols} values are too long"))?;
     if let Some(last) = od.last_mut() {
         *last = width;
     }
@@ -84,54 +193,95 @@ fn quantize(ctx: &mut OpContext<'_>) -> Result<()> {
         let lo = row.iter().copied().fold(f32::INFINITY, f32::min);
         let hi = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let (lo, hi) = if cols == 0 { (0.0, 0.0) } else { (lo, hi) };
-        let range = hi - lo;
-        let inv = 255.0 / (range + 1e-8);
-        for (q, &v) in out[..cols].iter_mut().zip(row) {
-            *q = ((v - lo) * inv).round_ties_even().clamp(0.0, 255.0) as u8;
+        let (q, sb) = out.split_at_mut(cols);
+        let (bias, inv) = if half_sb {
+            let (scale, bias, inv) = half_scale_bias(lo, hi);
+            sb[..2].copy_from_slice(&scale.to_le_bytes());
+            sb[2..].copy_from_slice(&bias.to_le_bytes());
+            (bias.to_f32(), inv)
+        } else {
+            let range = hi - lo;
+            sb[..4].copy_from_slice(&(range / 255.0).to_le_bytes());
+            sb[4..].copy_from_slice(&lo.to_le_bytes());
+            (lo, 255.0 / (range + 1e-8))
+        };
+        for (q, &v) in q.iter_mut().zip(row) {
+            *q = ((v - bias) * inv).round_ties_even().clamp(0.0, 255.0) as u8;
         }
-        out[cols..cols + 4].copy_from_slice(&(range / 255.0).to_le_bytes());
-        out[cols + 4..].copy_from_slice(&lo.to_le_bytes());
     }
     Ok(())
 }
 
-/// Scale and bias stored at the end of a fused row.
+/// Scale and bias stored at the end of a fused row (two float32).
 fn scale_bias(row: &[u8]) -> (f32, f32) {
     let n = row.len() - SCALE_BIAS_BYTES;
     let f = |at: usize| f32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]]);
     (f(n), f(n + 4))
 }
 
-/// Columns of a fused uint8 table (its last dimension less the 8 bytes of scale and bias).
-fn fused_cols(t: &Tensor) -> Result<(usize, usize)> {
+/// Scale and bias stored at the end of a fused row as two float16.
+fn half_scale_bias_of(row: &[u8]) -> (f32, f32) {
+    let n = row.len() - 4;
+    let h = |at: usize| f16::from_le_bytes([row[at], row[at + 1]]).to_f32();
+    (h(n), h(n + 2))
+}
+
+/// Rows and row width of a fused uint8 table, whose rows must hold `sb` bytes of scale and
+/// bias.
+fn fused_rows(t: &Tensor, sb: usize) -> Result<(usize, usize)> {
     if t.dtype() != DataType::Uint8 {
         bail!(DtypeMismatch: "fused 8-bit data must be uint8, got {}", t.dtype().name());
     }
     let (rows, width) = matrix(t, "DATA")?;
-    if width < SCALE_BIAS_BYTES {
+    if width < sb {
         bail!(
-            ShapeMismatch: "fused rows must hold at least 8 bytes of scale and bias, got {width}"
+            ShapeMismatch: "fused rows must hold at least {sb} bytes of scale and bias, got \
+             {width}"
         );
     }
     Ok((rows, width))
 }
 
-fn dequantize(ctx: &mut OpContext<'_>) -> Result<()> {
+/// [`fused_rows`] with float32 scale and bias.
+fn fused_cols(t: &Tensor) -> Result<(usize, usize)> {
+    fused_rows(t, SCALE_BIAS_BYTES)
+}
+
+/// `Fused8BitRowwiseQuantized*To*`: each fused row back to its values (float, or float16
+/// with `half`).
+fn dequantize(ctx: &mut OpContext<'_>, half: bool, half_sb: bool) -> Result<()> {
     let (ins, mut outs) = ctx.split();
     let x = ins.tensor(0)?;
-    let (rows, width) = fused_cols(x)?;
-    let cols = width - SCALE_BIAS_BYTES;
+    let sb = sb_bytes(half_sb);
+    let (rows, width) = fused_rows(x, sb)?;
+    let cols = width - sb;
     let xs = x.as_slice::<u8>()?;
     let mut od = x.dims().to_vec();
     if let Some(last) = od.last_mut() {
         *last = cols;
     }
-    let y = outs.tensor(0)?.try_ensure::<f32>(&od)?;
-    for r in 0..rows {
+    let rows_of = (0..rows).map(|r| {
         let row = &xs[r * width..(r + 1) * width];
-        let (scale, bias) = scale_bias(row);
-        for (o, &q) in y[r * cols..(r + 1) * cols].iter_mut().zip(row) {
-            *o = f32::from(q) * scale + bias;
+        let (scale, bias) = if half_sb {
+            half_scale_bias_of(row)
+        } else {
+            scale_bias(row)
+        };
+        (row[..cols].iter(), scale, bias)
+    });
+    if half {
+        let y = outs.tensor(0)?.try_ensure::<f16>(&od)?;
+        for ((q, scale, bias), out) in rows_of.zip(y.chunks_mut(cols.max(1))) {
+            for (o, &q) in out.iter_mut().zip(q) {
+                *o = f16::from_f32(f32::from(q) * scale + bias);
+            }
+        }
+    } else {
+        let y = outs.tensor(0)?.try_ensure::<f32>(&od)?;
+        for ((q, scale, bias), out) in rows_of.zip(y.chunks_mut(cols.max(1))) {
+            for (o, &q) in out.iter_mut().zip(q) {
+                *o = f32::from(q) * scale + bias;
+            }
         }
     }
     Ok(())
@@ -296,5 +446,48 @@ mod tests {
             g.as_slice::<f32>().unwrap(),
             &back.as_slice::<f32>().unwrap()[3..]
         );
+    }
+
+    #[test]
+    fn half_variants_round_trip_and_empty_rows() {
+        use half::f16;
+        let ws = Workspace::new();
+        let x: Vec<f16> = [0.0f32, 1.0, 0.5, -2.0, 2.0, 0.25]
+            .iter()
+            .map(|&v| f16::from_f32(v))
+            .collect();
+        ws.feed("x", Tensor::from_vec(&[2, 3], x.clone()).unwrap());
+        for (q, d, width) in [
+            (
+                "HalfFloatToFused8BitRowwiseQuantized",
+                "Fused8BitRowwiseQuantizedToHalfFloat",
+                11,
+            ),
+            (
+                "HalfFloatToFused8BitRowwiseQuantizedHalfScaleBias",
+                "Fused8BitRowwiseQuantizedHalfScaleBiasToHalfFloat",
+                7,
+            ),
+        ] {
+            ws.run_operator_once(&OperatorDef::new(q, ["x"], ["q"]))
+                .unwrap();
+            assert_eq!(ws.fetch("q").unwrap().dims(), &[2, width]);
+            ws.run_operator_once(&OperatorDef::new(d, ["q"], ["d"]))
+                .unwrap();
+            let back = ws.fetch("d").unwrap();
+            for (a, b) in back.as_slice::<f16>().unwrap().iter().zip(&x) {
+                assert!((a.to_f32() - b.to_f32()).abs() < 0.02, "{q}: {a} vs {b}");
+            }
+        }
+        // Rows of no values: only scale and bias.
+        ws.feed("e", Tensor::from_vec(&[2, 0], Vec::<f32>::new()).unwrap());
+        let q = "FloatToFused8BitRowwiseQuantizedHalfScaleBias";
+        ws.run_operator_once(&OperatorDef::new(q, ["e"], ["q"]))
+            .unwrap();
+        assert_eq!(ws.fetch("q").unwrap().dims(), &[2, 4]);
+        let d = "Fused8BitRowwiseQuantizedHalfScaleBiasToFloat";
+        ws.run_operator_once(&OperatorDef::new(d, ["q"], ["d"]))
+            .unwrap();
+        assert_eq!(ws.fetch("d").unwrap().dims(), &[2, 0]);
     }
 }

@@ -85,6 +85,7 @@ pub mod copy;
 pub mod counters;
 pub mod db;
 pub mod depthwise;
+pub mod dot_padding;
 pub mod elementwise;
 pub mod elementwise_linear;
 pub mod elementwise_more;
@@ -94,9 +95,11 @@ pub mod fp16;
 pub mod fused_rowwise;
 pub mod group_norm;
 pub mod im2col;
+pub mod im2col_ops;
 #[cfg(test)]
 mod kernel_tests;
 pub mod lars;
+pub mod lengths_pad;
 pub mod load_save;
 pub mod losses_more;
 pub mod math;
@@ -118,6 +121,7 @@ pub mod reduce_front_back;
 pub mod resize;
 pub mod rng;
 pub mod rnn_units;
+pub mod roi_pool;
 pub mod rowwise_optim;
 pub mod segment;
 pub mod sequence_mask;
@@ -179,4 +183,8 @@ pub fn register_all(r: &mut Registry) {
     elementwise_more::register(r);
     losses_more::register(r);
     padding::register(r);
+    lengths_pad::register(r);
+    dot_padding::register(r);
+    im2col_ops::register(r);
+    roi_pool::register(r);
 }
