@@ -6,6 +6,7 @@
 use super::conv_args::{Geometry, Order};
 use super::conv_nd::{ConvNd, Dispatch, NdGeometry};
 use super::depthwise;
+use super::winograd::{self, Mode};
 pub(crate) use super::im2col::{col2im, im2col};
 use crate::bail;
 use crate::blas::{for_each_part, GemmContext};
@@ -148,6 +149,8 @@ struct Conv {
     no_bias: bool,
     /// Apply a following in-place Relu (see [`Operator::fuse_relu`]).
     relu: bool,
+    /// Whether 3x3 filters run on the Winograd path (`FERROCAFFE_WINOGRAD` at creation).
+    winograd: Mode,
 }
 
 impl Conv {
@@ -221,6 +224,19 @@ impl Conv {
                 relu_in_place(y);
             }
             return Ok(());
+        }
+        if let Some(tile) = self.winograd.choose(&self.g, &d) {
+            let p = winograd::Problem {
+                order: self.g.order,
+                pad: [self.g.pad[0], self.g.pad[1]],
+                d,
+                gemm,
+                x: xs,
+                w: ws,
+                bias,
+                relu: self.relu,
+            };
+            return winograd::forward(tile, &p, y);
         }
         let plan = Plan::new(&self.g, &d)?;
         // Images are shared out to the team of compute threads, a few consecutive images per
@@ -567,6 +583,7 @@ fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
             gradient,
             no_bias,
             relu: false,
+            winograd: Mode::from_env(),
         }))
     } else {
         None
