@@ -151,6 +151,8 @@ struct Conv {
     relu: bool,
     /// Whether 3x3 filters run on the Winograd path (`FERROCAFFE_WINOGRAD` at creation).
     winograd: Mode,
+    /// The Winograd transform of the filters, kept between runs while they are unchanged.
+    filters: winograd::FilterCache,
 }
 
 impl Conv {
@@ -235,6 +237,7 @@ impl Conv {
                 w: ws,
                 bias,
                 relu: self.relu,
+                keep: Some((w, &self.filters)),
             };
             return winograd::forward(tile, &p, y);
         }
@@ -584,6 +587,7 @@ fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
             no_bias,
             relu: false,
             winograd: Mode::from_env(),
+            filters: Default::default(),
         }))
     } else {
         None

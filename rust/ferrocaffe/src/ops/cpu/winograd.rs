@@ -30,11 +30,13 @@
 //! measurements), anything else (or unset) takes the measured rules of [`Mode::choose`].
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use super::conv::Dims;
 use super::conv_args::{Geometry, Order};
 use crate::blas::{for_each_part, GemmContext};
 use crate::error::{try_vec, Error, Result};
+use crate::tensor::{Snapshot, Tensor};
 
 /// The environment variable that turns the Winograd path off (`0`) or forces a tile size.
 pub const WINOGRAD_VAR: &str = "FERROCAFFE_WINOGRAD";
@@ -143,6 +145,30 @@ pub(crate) struct Problem<'a> {
     pub(crate) w: &'a [f32],
     pub(crate) bias: Option<&'a [f32]>,
     pub(crate) relu: bool,
+    /// The filter tensor (`w` is its data) and the op's cache of its transform, if the
+    /// transform may be kept between runs.
+    pub(crate) keep: Option<(&'a Tensor, &'a FilterCache)>,
+}
+
+/// The transformed filters of an op's last run, kept while the filter tensor is unchanged
+/// (an inference net's weights): the transform costs as much as the products on small images
+/// (256 channels at 8x8: 65536 filters, 36 values each).
+///
+/// The filters are known by their address and length, which is sound for the reason
+/// `blas::constant` gives: the entry holds a [`Snapshot`] of the tensor, so its buffer is
+/// neither written in place (a write copies it away first) nor freed while the entry lives,
+/// and data at that address and length is the data transformed.
+#[derive(Default)]
+pub(crate) struct FilterCache(parking_lot::Mutex<Option<Cached>>);
+
+struct Cached {
+    _held: Snapshot,
+    addr: usize,
+    len: usize,
+    tile: Tile,
+    order: Order,
+    ck: (usize, usize),
+    u: Arc<Vec<f32>>,
 }
 
 /// Y of the whole batch (`y` is `[N, K, oh, ow]` or `[N, oh, ow, K]`).
@@ -172,7 +198,32 @@ fn run<T: Transform>(p: &Problem<'_>, y: &mut [f32]) -> Result<()> {
     let (th, tw) = (d.oh.div_ceil(m), d.ow.div_ceil(m));
     let tiles = mul(mul(d.n, th, d)?, tw, d)?;
     let (c, k) = (d.c, d.m);
-    let u = filters::<T>(p)?;
+    let tile = if T::M == 2 { Tile::F2 } else { Tile::F4 };
+    let key = (p.w.as_ptr() as usize, p.w.len(), tile, p.order, (c, k));
+    let cached = p.keep.and_then(|(_, cache)| {
+        let held = cache.0.lock();
+        held.as_ref()
+            .filter(|e| (e.addr, e.len, e.tile, e.order, e.ck) == key)
+            .map(|e| e.u.clone())
+    });
+    let u = match cached {
+        Some(u) => u,
+        None => {
+            let u = Arc::new(filters::<T>(p)?);
+            if let Some((wt, cache)) = p.keep {
+                *cache.0.lock() = Some(Cached {
+                    _held: wt.snapshot(),
+                    addr: key.0,
+                    len: key.1,
+                    tile,
+                    order: p.order,
+                    ck: (c, k),
+                    u: u.clone(),
+                });
+            }
+            u
+        }
+    };
 
     let threads = crate::threads::num_threads();
     // Blocks of at most 64 tiles, and at least two per thread when there are enough tiles
@@ -671,6 +722,7 @@ mod tests {
                     w: &w,
                     bias: None,
                     relu: false,
+                    keep: None,
                 };
                 let mut y = vec![f32::NAN; want.len()];
                 forward(tile, &p, &mut y).unwrap();
