@@ -9,10 +9,10 @@ import itertools
 
 import numpy as np
 import pytest
+from test_conv_cpu import ref_conv
 
 from ferrocaffe import core, workspace
 from ferrocaffe.proto import caffe2_pb2
-from test_conv_cpu import ref_conv
 
 VAR = "FERROCAFFE_WINOGRAD"
 
@@ -48,8 +48,16 @@ def _conv(case, order, with_bias, **extra):
     pad = case[5]
     ins = ["x", "w", "b"] if with_bias else ["x", "w"]
     op = core.CreateOperator(
-        "Conv", ins, ["y"], kernel=3, pad_t=pad[0], pad_l=pad[1], pad_b=pad[2], pad_r=pad[3],
-        order=order, **extra,
+        "Conv",
+        ins,
+        ["y"],
+        kernel=3,
+        pad_t=pad[0],
+        pad_l=pad[1],
+        pad_b=pad[2],
+        pad_r=pad[3],
+        order=order,
+        **extra,
     )
     workspace.RunOperatorOnce(op)
     y = workspace.FetchBlob("y")
@@ -69,8 +77,9 @@ def test_winograd_matches_a_float64_direct_convolution(monkeypatch, case, order,
     want = ref_conv(x.astype(np.float64), wt.astype(np.float64), bias, (1, 1), case[5], (1, 1), 1)
     got = _conv(case, order, with_bias)
     assert got.shape == want.shape
-    # Unit-scale data: sums of 9*C products have a spread of 3*sqrt(C); F(4x4)'s transforms
-    # lose a few bits more (errors measured: im2col 3e-6, F2 1e-6, F4 2e-5 of that spread). A wrong tap, tile edge or padding is off by ~1.
+    # Unit-scale data: sums of 9*C products have a spread of 3*sqrt(C). Errors measured, in
+    # units of that spread: im2col 3e-6, F2 1e-6, F4 2e-5 (its transforms lose a few bits more).
+    # A wrong tap, tile edge or padding is off by ~1.
     scale = 3.0 * np.sqrt(case[1])
     tol = (1e-5 if tile == "2" else 6e-5) * scale
     np.testing.assert_allclose(got, want, rtol=0, atol=tol)

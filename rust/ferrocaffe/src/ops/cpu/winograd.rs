@@ -249,7 +249,11 @@ fn run<T: Transform>(p: &Problem<'_>, y: &mut [f32]) -> Result<()> {
         len: y.len(),
     };
     let next = AtomicUsize::new(0);
-    let geo = TileGeo { th, tw };
+    let geo = TileGeo {
+        th,
+        tw,
+        avx2: has_avx2(),
+    };
     for_each_part(scratch, &|(mut v, mut mm)| loop {
         let b = next.fetch_add(1, Ordering::Relaxed);
         if b >= blocks {
@@ -262,10 +266,23 @@ fn run<T: Transform>(p: &Problem<'_>, y: &mut [f32]) -> Result<()> {
     Ok(())
 }
 
-/// Tiles per column and per row of an image.
+/// Tiles per column and per row of an image, and whether the transforms may use AVX2.
 struct TileGeo {
     th: usize,
     tw: usize,
+    avx2: bool,
+}
+
+/// Whether this CPU has AVX2 and FMA (the transforms then run on 8-lane vectors).
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// `U [a^2][C][K]`: the transformed filters.
@@ -318,9 +335,48 @@ fn filters<T: Transform>(p: &Problem<'_>) -> Result<Vec<f32>> {
     Ok(u)
 }
 
-/// Tiles `t0 .. t0 + cnt`: input transform, products, output transform.
+/// Tiles `t0 .. t0 + cnt`: input transform, products, output transform; compiled for AVX2
+/// where the CPU has it (the baseline build has SSE2 only: the transforms' 8 lanes then take
+/// two instructions each).
 #[allow(clippy::too_many_arguments)]
 fn block<T: Transform>(
+    p: &Problem<'_>,
+    geo: &TileGeo,
+    u: &[f32],
+    t0: usize,
+    cnt: usize,
+    v: &mut [f32],
+    mm: &mut [f32],
+    out: &Out,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if geo.avx2 {
+        // SAFETY: the CPU has AVX2 and FMA (`has_avx2`).
+        unsafe { block_avx2::<T>(p, geo, u, t0, cnt, v, mm, out) };
+        return;
+    }
+    block_body::<T>(p, geo, u, t0, cnt, v, mm, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_avx2<T: Transform>(
+    p: &Problem<'_>,
+    geo: &TileGeo,
+    u: &[f32],
+    t0: usize,
+    cnt: usize,
+    v: &mut [f32],
+    mm: &mut [f32],
+    out: &Out,
+) {
+    block_body::<T>(p, geo, u, t0, cnt, v, mm, out);
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn block_body<T: Transform>(
     p: &Problem<'_>,
     geo: &TileGeo,
     u: &[f32],
@@ -545,6 +601,7 @@ impl Transform for F2 {
     const M: usize = 2;
     const A: usize = 4;
 
+    #[inline(always)]
     fn filter(g: &[Lanes; 9], u: &mut [Lanes; 36]) {
         two_d::<3, 4>(
             g,
@@ -560,6 +617,7 @@ impl Transform for F2 {
         );
     }
 
+    #[inline(always)]
     fn input(d: &[Lanes; 36], v: &mut [Lanes; 36]) {
         two_d::<4, 4>(
             d,
@@ -568,6 +626,7 @@ impl Transform for F2 {
         );
     }
 
+    #[inline(always)]
     fn output(mt: &[Lanes; 36], o: &mut [Lanes; 16]) {
         two_d::<4, 2>(
             mt,
@@ -583,6 +642,7 @@ impl Transform for F4 {
     const M: usize = 4;
     const A: usize = 6;
 
+    #[inline(always)]
     fn filter(g: &[Lanes; 9], u: &mut [Lanes; 36]) {
         const S: f32 = 1.0 / 6.0;
         const T: f32 = 1.0 / 12.0;
@@ -603,6 +663,7 @@ impl Transform for F4 {
         );
     }
 
+    #[inline(always)]
     fn input(d: &[Lanes; 36], v: &mut [Lanes; 36]) {
         two_d::<6, 6>(
             d,
@@ -620,6 +681,7 @@ impl Transform for F4 {
         );
     }
 
+    #[inline(always)]
     fn output(mt: &[Lanes; 36], o: &mut [Lanes; 16]) {
         two_d::<6, 4>(
             mt,
