@@ -48,16 +48,16 @@ def _net(name, order, env):
     return name
 
 
-def bench(n, c, hw, order, runs, budget, variants):
+def bench(n, c, k, hw, order, runs, budget, variants):
     rng = np.random.RandomState(0)
     x = rng.randn(n, c, hw, hw).astype(np.float32)
-    w = (rng.randn(c, c, 3, 3) / math.sqrt(9 * c)).astype(np.float32)
+    w = (rng.randn(k, c, 3, 3) / math.sqrt(9 * c)).astype(np.float32)
     if order == "NHWC":
         x, w = x.transpose(0, 2, 3, 1).copy(), w.transpose(0, 2, 3, 1).copy()
     workspace.ResetWorkspace()
     workspace.FeedBlob("x", x)
     workspace.FeedBlob("w", w)
-    workspace.FeedBlob("b", rng.randn(c).astype(np.float32))
+    workspace.FeedBlob("b", rng.randn(k).astype(np.float32))
     nets = {label: _net(f"y_{label}", order, env) for label, env in variants}
     for name in nets.values():
         workspace.RunNet(name)
@@ -82,7 +82,7 @@ def bench(n, c, hw, order, runs, budget, variants):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--channels", default="16,32,64,128,256")
+    ap.add_argument("--channels", default="16,32,64,128,256", help="C=K, or C:K")
     ap.add_argument("--sizes", default="8,14,28,56")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--orders", default="NCHW,NHWC")
@@ -95,16 +95,17 @@ def main():
         variants.append(("auto", None))
     labels = [v[0] for v in variants[1:]]
     ratios = {label: [] for label in labels}
-    head = f"{'order':5} {'N':>2} {'C=K':>4} {'HxW':>5} {'im2col ms':>10} " + " ".join(
+    head = f"{'order':5} {'N':>2} {'C:K':>7} {'HxW':>7} {'im2col ms':>10} " + " ".join(
         f"{label:>7}" for label in labels
     )
     print(head + "   (ratio im2col/variant; max rel. diff F2, F4)")
     for order in args.orders.split(","):
         for n in map(int, args.batches.split(",")):
-            for c in map(int, args.channels.split(",")):
+            for ck in args.channels.split(","):
+                c, k = (int(v) for v in (ck.split(":") if ":" in ck else (ck, ck)))
                 for hw in map(int, args.sizes.split(",")):
-                    t, err = bench(n, c, hw, order, args.runs, args.budget, variants)
-                    row = f"{order:5} {n:2d} {c:4d} {hw:2d}x{hw:<2d} {t['im2col'] * 1e3:10.3f} "
+                    t, err = bench(n, c, k, hw, order, args.runs, args.budget, variants)
+                    row = f"{order:5} {n:2d} {ck:>7} {hw:3d}x{hw:<3d} {t['im2col'] * 1e3:10.3f} "
                     for label in labels:
                         r = t["im2col"] / t[label]
                         ratios[label].append(r)

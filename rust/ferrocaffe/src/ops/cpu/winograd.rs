@@ -98,15 +98,32 @@ impl Mode {
         match self {
             Mode::Off => None,
             Mode::Force(t) => Some(t),
-            Mode::Auto => auto(d),
+            Mode::Auto => auto(g.order, d),
         }
     }
 }
 
-/// The measured rules (see `benchmarks/bench_conv3x3.py`).
-fn auto(d: &Dims) -> Option<Tile> {
-    // Few channels: the transforms (linear in C + K) weigh as much as the products saved.
-    if d.c < 16 || d.m < 16 {
+/// The measured rules (`benchmarks/bench_conv3x3.py`, 2-core AMD EPYC with AVX2, shared with
+/// other builds, so single ratios vary by +-20%; ratios im2col time / Winograd time):
+///
+/// - F4 beat F2 on nearly every shape (geomean 1.56 against 1.17 over C = K = 16..256, 8x8 to
+///   56x56, N = 1 and 8, both orders): the rules only pick F4 (F2 stays for
+///   `FERROCAFFE_WINOGRAD=2`, its error is ~20x smaller);
+/// - 3 or 8 input channels lost 1.2x to 4x (0.24..0.88: a first layer on RGB images, where
+///   im2col's product is already thin), and so did 16 inputs to 64 outputs (0.70..1.05);
+///   16 to 16 won (1.05..2.5) but for NHWC 14x14, as did 64 to 16 (1.1..3.4);
+/// - from 32 channels on both ways F4 won 1.2x to 2.9x, except that in NHWC, where im2col
+///   copies whole runs of channels, images whose size is not a multiple of 4 (14x14: the
+///   tiles cover 16x16, 31% more) lost with 16 or 32 channels (0.81..0.97).
+fn auto(order: Order, d: &Dims) -> Option<Tile> {
+    if d.c < 16 || d.m < 16 || (d.c < 32 && d.m > d.c) {
+        return None;
+    }
+    // The 4x4 tiles cover more than 1.15x the output (saturating: the output exists, so its
+    // size is far from overflowing, and a saturated product only compares).
+    let covered = (d.oh.div_ceil(4) * 4).saturating_mul(d.ow.div_ceil(4) * 4);
+    let wasteful = covered.saturating_mul(20) > d.oh.saturating_mul(d.ow).saturating_mul(23);
+    if order == Order::Nhwc && d.c < 64 && wasteful {
         return None;
     }
     Some(Tile::F4)
@@ -226,11 +243,14 @@ fn run<T: Transform>(p: &Problem<'_>, y: &mut [f32]) -> Result<()> {
     };
 
     let threads = crate::threads::num_threads();
-    // Blocks of at most 64 tiles, and at least two per thread when there are enough tiles
-    // for blocks of 16 (smaller ones make the products too thin to pay).
+    // Blocks of at most 64 tiles; two per thread when that leaves at least 16 tiles in each
+    // (the threads take blocks as they go, so one that gets less of its core does fewer), and
+    // in any case one per thread when there are two tiles for each (256 channels on one 14x14
+    // image are 16 tiles of F4: one block would leave the team to split 36 thin products).
     let blocks = tiles
         .div_ceil(MAX_BLOCK)
         .max(tiles.div_ceil(16).min(threads.saturating_mul(2)))
+        .max(tiles.div_ceil(2).min(threads))
         .max(1);
     let per_block = tiles.div_ceil(blocks);
     let blocks = tiles.div_ceil(per_block);
