@@ -6,8 +6,8 @@
 use super::conv_args::{Geometry, Order};
 use super::conv_nd::{ConvNd, Dispatch, NdGeometry};
 use super::depthwise;
-use super::winograd::{self, Mode};
 pub(crate) use super::im2col::{col2im, im2col};
+use super::winograd::{self, Mode};
 use crate::bail;
 use crate::blas::{for_each_part, GemmContext};
 use crate::error::{try_vec, Error, Result};

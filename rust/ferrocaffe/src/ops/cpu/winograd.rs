@@ -420,8 +420,7 @@ fn block_body<T: Transform>(
         let (img, oy, ox) = origin(t0 + q);
         let y0 = oy as isize - p.pad[0] as isize;
         let x0 = ox as isize - p.pad[1] as isize;
-        let inside =
-            y0 >= 0 && x0 >= 0 && y0 as usize + a <= d.h && x0 as usize + a <= d.w;
+        let inside = y0 >= 0 && x0 >= 0 && y0 as usize + a <= d.h && x0 as usize + a <= d.w;
         let mut c0 = 0;
         while c0 < c {
             let nl = L.min(c - c0);
@@ -505,7 +504,8 @@ fn block_body<T: Transform>(
 
 /// The `a x a` input tile at `(y0, x0)` (may reach into the padding: zeros) of channels
 /// `c0 .. c0 + nl` of image `img`, into `dt[i * a + j][lane]`.
-#[allow(clippy::too_many_arguments)]
+// `l` picks a lane of every value of the tile, not an element of one array.
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 #[inline(always)]
 fn gather(
     p: &Problem<'_>,
@@ -641,7 +641,14 @@ impl Transform for F2 {
     fn input(d: &[Lanes; 36], v: &mut [Lanes; 36]) {
         two_d::<4, 4>(
             d,
-            |x| lanes!(4, x, |v| [v(0) - v(2), v(1) + v(2), v(2) - v(1), v(1) - v(3)]),
+            |x| {
+                lanes!(4, x, |v| [
+                    v(0) - v(2),
+                    v(1) + v(2),
+                    v(2) - v(1),
+                    v(1) - v(3)
+                ])
+            },
             v,
         );
     }
@@ -747,12 +754,12 @@ mod tests {
                                 for j in 0..3 {
                                     let iy = (oy + i) as isize - pad[0] as isize;
                                     let ix = (ox + j) as isize - pad[1] as isize;
-                                    if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize
-                                    {
+                                    if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
                                         continue;
                                     }
-                                    let xv = x[((img * c + ch) * h + iy as usize) * wd
-                                        + ix as usize] as f64;
+                                    let xv = x
+                                        [((img * c + ch) * h + iy as usize) * wd + ix as usize]
+                                        as f64;
                                     s += xv * w[((kk * c + ch) * 3 + i) * 3 + j] as f64;
                                 }
                             }
@@ -816,5 +823,74 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn dims(c: usize, m: usize, side: usize, k: usize, group: usize) -> Dims {
+        Dims {
+            n: 1,
+            c,
+            h: side,
+            w: side,
+            m,
+            kh: k,
+            kw: k,
+            oh: side,
+            ow: side,
+            group,
+        }
+    }
+
+    fn geometry(order: Order, stride: usize, dilation: usize) -> Geometry {
+        Geometry {
+            kernel: [3, 3],
+            stride: [stride, stride],
+            pad: [1, 1, 1, 1],
+            dilation: [dilation, dilation],
+            order,
+            global: false,
+        }
+    }
+
+    #[test]
+    fn only_3x3_stride_1_undilated_single_group_convolutions_qualify() {
+        let force = Mode::Force(Tile::F2);
+        let g = geometry(Order::Nchw, 1, 1);
+        assert_eq!(force.choose(&g, &dims(4, 4, 8, 3, 1)), Some(Tile::F2));
+        assert_eq!(Mode::Off.choose(&g, &dims(64, 64, 8, 3, 1)), None);
+        assert_eq!(force.choose(&g, &dims(4, 4, 8, 5, 1)), None);
+        assert_eq!(force.choose(&g, &dims(4, 4, 8, 3, 2)), None);
+        assert_eq!(
+            force.choose(&geometry(Order::Nchw, 2, 1), &dims(4, 4, 8, 3, 1)),
+            None
+        );
+        assert_eq!(
+            force.choose(&geometry(Order::Nchw, 1, 2), &dims(4, 4, 8, 3, 1)),
+            None
+        );
+    }
+
+    #[test]
+    fn the_rules_leave_few_input_channels_to_im2col() {
+        let (nchw, nhwc) = (geometry(Order::Nchw, 1, 1), geometry(Order::Nhwc, 1, 1));
+        assert_eq!(Mode::Auto.choose(&nchw, &dims(3, 64, 56, 3, 1)), None);
+        assert_eq!(Mode::Auto.choose(&nchw, &dims(16, 64, 56, 3, 1)), None);
+        assert_eq!(
+            Mode::Auto.choose(&nchw, &dims(16, 16, 56, 3, 1)),
+            Some(Tile::F4)
+        );
+        assert_eq!(
+            Mode::Auto.choose(&nchw, &dims(64, 64, 14, 3, 1)),
+            Some(Tile::F4)
+        );
+        // NHWC, few channels, 14x14 (tiles cover 16x16): im2col; 28x28: Winograd.
+        assert_eq!(Mode::Auto.choose(&nhwc, &dims(32, 32, 14, 3, 1)), None);
+        assert_eq!(
+            Mode::Auto.choose(&nhwc, &dims(32, 32, 28, 3, 1)),
+            Some(Tile::F4)
+        );
+        assert_eq!(
+            Mode::Auto.choose(&nhwc, &dims(64, 64, 14, 3, 1)),
+            Some(Tile::F4)
+        );
     }
 }
