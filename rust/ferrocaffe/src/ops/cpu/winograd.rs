@@ -114,7 +114,8 @@ impl Mode {
 ///   16 to 16 won (1.05..2.5) but for NHWC 14x14, as did 64 to 16 (1.1..3.4);
 /// - from 32 channels on both ways F4 won 1.2x to 2.9x, except that in NHWC, where im2col
 ///   copies whole runs of channels, images whose size is not a multiple of 4 (14x14: the
-///   tiles cover 16x16, 31% more) lost with 16 or 32 channels (0.81..0.97).
+///   tiles cover 16x16, 31% more) lost with 16 or 32 channels (0.81..0.97), and that with
+///   more than 128 x 128 channels fewer than 32 tiles lost (below).
 fn auto(order: Order, d: &Dims) -> Option<Tile> {
     if d.c < 16 || d.m < 16 || (d.c < 32 && d.m > d.c) {
         return None;
@@ -124,6 +125,13 @@ fn auto(order: Order, d: &Dims) -> Option<Tile> {
     let covered = (d.oh.div_ceil(4) * 4).saturating_mul(d.ow.div_ceil(4) * 4);
     let wasteful = covered.saturating_mul(20) > d.oh.saturating_mul(d.ow).saturating_mul(23);
     if order == Order::Nhwc && d.c < 64 && wasteful {
+        return None;
+    }
+    // Few tiles for large filters: each element of U (4x the filters) is read for a handful
+    // of tiles, so the products wait for memory where im2col's reuse each filter value for
+    // every output pixel; 256 channels on one 8x8 or 14x14 image ran 0.5x..1.2x.
+    let tiles = d.n.saturating_mul(covered / 16);
+    if d.c.saturating_mul(d.m) > 128 * 128 && tiles < 32 {
         return None;
     }
     Some(Tile::F4)
@@ -243,14 +251,14 @@ fn run<T: Transform>(p: &Problem<'_>, y: &mut [f32]) -> Result<()> {
     };
 
     let threads = crate::threads::num_threads();
-    // Blocks of at most 64 tiles; two per thread when that leaves at least 16 tiles in each
-    // (the threads take blocks as they go, so one that gets less of its core does fewer), and
-    // in any case one per thread when there are two tiles for each (256 channels on one 14x14
-    // image are 16 tiles of F4: one block would leave the team to split 36 thin products).
+    // Blocks of at most 64 tiles, and two per thread when that leaves at least 16 tiles in
+    // each (the threads take blocks as they go, so one that gets less of its core does fewer).
+    // Fewer tiles stay in one block, whose products the team then splits: a block reads all
+    // of U, and with 256 channels (9 MB of U) one block per thread on 4 or 16 tiles ran
+    // 1.5x to 2x slower than one block (2 threads contending for memory).
     let blocks = tiles
         .div_ceil(MAX_BLOCK)
         .max(tiles.div_ceil(16).min(threads.saturating_mul(2)))
-        .max(tiles.div_ceil(2).min(threads))
         .max(1);
     let per_block = tiles.div_ceil(blocks);
     let blocks = tiles.div_ceil(per_block);
@@ -890,6 +898,12 @@ mod tests {
         );
         assert_eq!(
             Mode::Auto.choose(&nhwc, &dims(64, 64, 14, 3, 1)),
+            Some(Tile::F4)
+        );
+        // 256 channels: one 14x14 image is 16 tiles (im2col), 28x28 is 49.
+        assert_eq!(Mode::Auto.choose(&nchw, &dims(256, 256, 14, 3, 1)), None);
+        assert_eq!(
+            Mode::Auto.choose(&nchw, &dims(256, 256, 28, 3, 1)),
             Some(Tile::F4)
         );
     }
