@@ -6,6 +6,7 @@ batch sizes, both orders, with and without bias, and the fused Relu.
 every shape that qualifies, ``0`` turns the path off, unset takes the measured rules."""
 
 import itertools
+import zlib
 
 import numpy as np
 import pytest
@@ -71,7 +72,7 @@ def _conv(case, order, with_bias, **extra):
 )
 def test_winograd_matches_a_float64_direct_convolution(monkeypatch, case, order, with_bias, tile):
     monkeypatch.setenv(VAR, tile)
-    rng = np.random.RandomState(hash((case, order)) % 2**31)
+    rng = np.random.RandomState(zlib.crc32(repr((case, order, with_bias, tile)).encode()))
     x, wt, b = _feed(case, order, rng)
     bias = b.astype(np.float64) if with_bias else np.zeros(case[4])
     want = ref_conv(x.astype(np.float64), wt.astype(np.float64), bias, (1, 1), case[5], (1, 1), 1)
