@@ -13,6 +13,11 @@ convolutions and matrix products, the share of this machine's sgemm rate the mod
 SpatialBN -> Relu -> conv 3x3 -> SpatialBN -> + x -> Relu, forward and backward) against the
 floor its convolutions' FLOPs would take at this machine's sgemm rate.
 
+``--ab-winograd`` instead times each predict net twice in one process, created with
+``FERROCAFFE_WINOGRAD=0`` (3x3 convolutions on im2col + GEMM) and with the variable unset
+(the Winograd rules), their runs interleaved (medians of ``--runs`` rounds, each net once per
+round), and prints the ratio of the two.
+
 ``--profile`` also prints, per model, the time of each op type (each op run alone as a one-op
 net, in order, on the workspace the full run left behind) and their share of the total.
 
@@ -112,6 +117,44 @@ def time_net(name: str, runs: int, trials: int) -> float:
     return min(medians)
 
 
+def ab_winograd(case: dict, runs: int) -> tuple[float, float]:
+    """Medians of interleaved runs of the predict net without and with Winograd."""
+    import os
+
+    workspace.ResetWorkspace()
+    init, pred = _net(case["init_net_b64"]), _net(case["predict_net_b64"])
+    workspace.RunNetOnce(init)
+    for name, value in _inputs(case):
+        workspace.FeedBlob(name, value)
+    names = []
+    old = os.environ.get("FERROCAFFE_WINOGRAD")
+    for label, env in (("off", "0"), ("on", None)):
+        if env is None:
+            os.environ.pop("FERROCAFFE_WINOGRAD", None)
+        else:
+            os.environ["FERROCAFFE_WINOGRAD"] = env
+        net = caffe2_pb2.NetDef()
+        net.CopyFrom(pred)
+        net.name = f"{pred.name}_{label}"
+        workspace.CreateNet(net, overwrite=True)
+        names.append(net.name)
+    if old is None:
+        os.environ.pop("FERROCAFFE_WINOGRAD", None)
+    else:
+        os.environ["FERROCAFFE_WINOGRAD"] = old
+    times = {n: [] for n in names}
+    for _ in range(3):
+        for n in names:
+            workspace.RunNet(n)
+    for _ in range(runs):
+        for n in names:
+            t0 = time.perf_counter()
+            workspace.RunNet(n)
+            times[n].append(time.perf_counter() - t0)
+    off, on = (float(np.median(times[n])) for n in names)
+    return off, on
+
+
 def profile(pred: caffe2_pb2.NetDef, runs: int) -> dict[str, float]:
     """Seconds per op type, each op run alone as a one-op net (median of ``runs``)."""
     per_type: dict[str, float] = defaultdict(float)
@@ -175,6 +218,7 @@ def main() -> int:
     ap.add_argument("--models", help="comma-separated substrings of model names")
     ap.add_argument("--profile", action="store_true", help="time per op type")
     ap.add_argument("--train", action="store_true", help="ResNet block training step too")
+    ap.add_argument("--ab-winograd", action="store_true", help="Winograd off/on, interleaved")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--trials", type=int, default=3)
     args = ap.parse_args()
@@ -183,6 +227,22 @@ def main() -> int:
     if args.models:
         wanted = args.models.split(",")
         cases = [c for c in cases if any(w in c["name"] for w in wanted)]
+    if args.ab_winograd:
+        ratios = []
+        for case in cases:
+            off, on = ab_winograd(case, args.runs)
+            ratios.append(off / on)
+            print(
+                f"{case['name']:42s} im2col {off * 1e3:8.3f} ms  winograd {on * 1e3:8.3f} ms  "
+                f"x{off / on:5.2f}",
+                flush=True,
+            )
+        if not ratios:
+            print("no model matched", file=sys.stderr)
+            return 1
+        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        print(f"geomean speed-up x{geo:.3f} over {len(ratios)} models")
+        return 0
     rows = []
     for case in cases:
         workspace.ResetWorkspace()

@@ -7,6 +7,7 @@ use super::conv_args::{Geometry, Order};
 use super::conv_nd::{ConvNd, Dispatch, NdGeometry};
 use super::depthwise;
 pub(crate) use super::im2col::{col2im, im2col};
+use super::winograd::{self, Mode};
 use crate::bail;
 use crate::blas::{for_each_part, GemmContext};
 use crate::error::{try_vec, Error, Result};
@@ -148,6 +149,10 @@ struct Conv {
     no_bias: bool,
     /// Apply a following in-place Relu (see [`Operator::fuse_relu`]).
     relu: bool,
+    /// Whether 3x3 filters run on the Winograd path (`FERROCAFFE_WINOGRAD` at creation).
+    winograd: Mode,
+    /// The Winograd transform of the filters, kept between runs while they are unchanged.
+    filters: winograd::FilterCache,
 }
 
 impl Conv {
@@ -221,6 +226,20 @@ impl Conv {
                 relu_in_place(y);
             }
             return Ok(());
+        }
+        if let Some(tile) = self.winograd.choose(&self.g, &d) {
+            let p = winograd::Problem {
+                order: self.g.order,
+                pad: [self.g.pad[0], self.g.pad[1]],
+                d,
+                gemm,
+                x: xs,
+                w: ws,
+                bias,
+                relu: self.relu,
+                keep: Some((w, &self.filters)),
+            };
+            return winograd::forward(tile, &p, y);
         }
         let plan = Plan::new(&self.g, &d)?;
         // Images are shared out to the team of compute threads, a few consecutive images per
@@ -567,6 +586,8 @@ fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
             gradient,
             no_bias,
             relu: false,
+            winograd: Mode::from_env(),
+            filters: Default::default(),
         }))
     } else {
         None

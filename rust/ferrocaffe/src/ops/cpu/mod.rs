@@ -132,6 +132,7 @@ pub mod sparse_optim;
 pub mod two_class;
 pub mod unary_grad;
 pub mod utility;
+pub(crate) mod winograd;
 
 use super::registry::Registry;
 
