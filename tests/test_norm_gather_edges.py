@@ -238,3 +238,21 @@ def _net_of(op):
     net = core.Net("one_op")
     net.Proto().op.extend([op])
     return net
+
+
+def test_layer_norm_gradient_of_a_long_row_cancels_exactly():
+    # dY = Y: the row sums of the gradient cancel to a tiny dX, which f32 sums would swamp.
+    x = np.random.default_rng(10).standard_normal((1, 1 << 18)).astype(np.float32)
+    x64, eps = x.astype(np.float64), 1e-4
+    mean = x64.mean(axis=1, keepdims=True).astype(np.float32)
+    std = np.sqrt(x64.var(axis=1, keepdims=True) + eps).astype(np.float32)
+    y = ((x64 - mean) / std).astype(np.float32)
+    op = core.CreateOperator(
+        "LayerNormGradient", ["dY", "Y", "mean", "std", "X"], ["dX"], axis=1, epsilon=eps
+    )
+    (dx,) = run(op, dY=y, Y=y, mean=mean, std=std, X=x)
+    mu, sd, g = mean.astype(np.float64), std.astype(np.float64), y.astype(np.float64)
+    xhat = (x64 - mu) / sd
+    want = (g - g.mean(axis=1, keepdims=True) - xhat * (g * xhat).mean(axis=1, keepdims=True)) / sd
+    # dX is about 5e-4 here; summed in f32 it was off by about 3e-4.
+    np.testing.assert_allclose(dx, want, rtol=1e-3, atol=2e-5)

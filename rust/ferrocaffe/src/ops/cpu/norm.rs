@@ -1074,40 +1074,45 @@ impl LayerNorm {
         if g.len() != x.len() || mean.len() != rows || std.len() != rows {
             bail!(ShapeMismatch: "LayerNormGradient: inputs disagree on shapes");
         }
-        let mut dx = vec![0f32; x.len()];
-        let mut dgamma = vec![0f32; cols];
-        let mut dbeta = vec![0f32; cols];
-        let m = cols.max(1) as f32;
+        // In f64: the row sums cancel almost exactly (dX is tiny when dY is close to Y), so
+        // f32 rounding would show against the result.
+        let mut dx = try_vec(x.len(), 0f32, "dX")?;
+        let mut dgamma = try_vec(cols, 0f64, "dgamma")?;
+        let mut dbeta = try_vec(cols, 0f64, "dbeta")?;
+        let mut dxhat = try_vec(cols, 0f64, "a row of dX")?;
+        let m = cols.max(1) as f64;
         for r in 0..rows {
-            let (mu, sd) = (mean[r], std[r]);
+            let (mu, sd) = (f64::from(mean[r]), f64::from(std[r]));
             let mut s1 = 0.0;
             let mut s2 = 0.0;
-            let mut dxhat = vec![0f32; cols];
             for j in 0..cols {
                 let k = r * cols + j;
-                let xhat = (x[k] - mu) / sd;
+                let xhat = (f64::from(x[k]) - mu) / sd;
+                let gk = f64::from(g[k]);
                 dxhat[j] = match &aff {
-                    Some((gm, _)) => g[k] * gm[j],
-                    None => g[k],
+                    Some((gm, _)) => gk * f64::from(gm[j]),
+                    None => gk,
                 };
-                dgamma[j] += g[k] * xhat;
-                dbeta[j] += g[k];
+                dgamma[j] += gk * xhat;
+                dbeta[j] += gk;
                 s1 += dxhat[j];
                 s2 += dxhat[j] * xhat;
             }
             for (j, &dh) in dxhat.iter().enumerate() {
                 let k = r * cols + j;
-                let xhat = (x[k] - mu) / sd;
-                dx[k] = (dh - s1 / m - xhat * s2 / m) / sd;
+                let xhat = (f64::from(x[k]) - mu) / sd;
+                dx[k] = ((dh - s1 / m - xhat * s2 / m) / sd) as f32;
             }
         }
         ctx.output(0)?.ensure::<f32>(&dims).copy_from_slice(&dx);
         if aff.is_some() && ctx.num_outputs() > 2 {
             let gdims = ctx.input(5)?.dims().to_vec();
-            ctx.output(1)?
-                .ensure::<f32>(&gdims)
-                .copy_from_slice(&dgamma);
-            ctx.output(2)?.ensure::<f32>(&gdims).copy_from_slice(&dbeta);
+            let out = ctx.output(1)?.ensure::<f32>(&gdims);
+            out.iter_mut()
+                .zip(&dgamma)
+                .for_each(|(o, &v)| *o = v as f32);
+            let out = ctx.output(2)?.ensure::<f32>(&gdims);
+            out.iter_mut().zip(&dbeta).for_each(|(o, &v)| *o = v as f32);
         }
         Ok(())
     }
