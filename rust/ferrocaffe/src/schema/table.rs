@@ -406,6 +406,20 @@ pub static SCHEMAS: &[OpSchema] = &[
         args: &["root", "timeout_ms"],
         private: false,
     },
+    // Caffe2's c10 export of LayerNorm: no schema there, so no count or in-place checks.
+    OpSchema {
+        name: "C10LayerNorm_DontUseThisOpYet",
+        inputs: (0, u32::MAX),
+        outputs: (0, u32::MAX),
+        input_count_mask: 0,
+        output_count_mask: 0,
+        inplace_allowed: &[],
+        inplace_enforced: &[],
+        input_names: &["input", "gamma", "beta"],
+        output_names: &["output", "mean", "stddev"],
+        args: &["axis", "epsilon", "elementwise_affine"],
+        private: false,
+    },
     OpSchema {
         name: "Cast",
         inputs: (1, 1),

@@ -265,8 +265,14 @@ fn gather(c: &Ctx<'_>) -> Out {
     let data = c.input(0)?;
     let idx = c.input(1)?;
     let axis = c.canonical_axis(c.int("axis", 0)?, data.dims.len())?;
+    if data.dims[axis] == 0 {
+        // An empty axis gathers into DATA's own empty shape (as the kernel does).
+        return Ok(vec![BlobShape::new(data.dims.clone(), data.dtype)]);
+    }
     let mut dims = data.dims[..axis].to_vec();
-    dims.extend(&idx.dims);
+    // With match_outer the indices' leading `axis` dims are DATA's own.
+    let skip = if c.flag("match_outer")? { axis } else { 0 };
+    dims.extend(idx.dims.iter().skip(skip));
     dims.extend(&data.dims[axis + 1..]);
     Ok(vec![BlobShape::new(dims, data.dtype)])
 }

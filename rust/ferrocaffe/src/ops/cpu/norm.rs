@@ -79,6 +79,17 @@ fn channel_vec(ctx: &OpContext<'_>, i: usize, c: usize) -> Result<Vec<f32>> {
     Ok(v.to_vec())
 }
 
+/// A running statistic (input `i`, aliased with its output): Caffe2 starts one that has not
+/// been initialised to C values from zeros.
+fn running_vec(ctx: &OpContext<'_>, i: usize, c: usize) -> Result<Vec<f32>> {
+    let v = ctx.input(i)?.as_slice::<f32>()?;
+    if v.len() == c {
+        Ok(v.to_vec())
+    } else {
+        try_vec(c, 0.0, "a running statistic")
+    }
+}
+
 impl SpatialBn {
     fn forward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
         let dims = ctx.input(0)?.dims().to_vec();
@@ -90,6 +101,9 @@ impl SpatialBn {
         if copy.is_none() {
             // X must hold floats whatever the mode.
             ctx.input(0)?.as_slice::<f32>()?;
+        }
+        if n == 0 {
+            return self.forward_empty(ctx, &dims, c);
         }
         let (mean, var) = if self.is_test {
             (channel_vec(ctx, 3, c)?, channel_vec(ctx, 4, c)?)
@@ -140,8 +154,8 @@ impl SpatialBn {
             if ctx.num_outputs() < 5 {
                 bail!(Schema: "SpatialBN in training mode needs 5 outputs");
             }
-            let mut rm = channel_vec(ctx, 3, c)?;
-            let mut rv = channel_vec(ctx, 4, c)?;
+            let mut rm = running_vec(ctx, 3, c)?;
+            let mut rv = running_vec(ctx, 4, c)?;
             // The running variance is unbiased (reduce size / (reduce size - 1)).
             let size = (self.num_batches * n * inner) as f32;
             let unbias = if size > 1.0 {
@@ -161,7 +175,28 @@ impl SpatialBn {
         Ok(())
     }
 
-    /// Inputs (X, scale, dY, saved_mean, saved_inv_std); outputs (dX, dscale, dbias).
+    /// An empty batch (N = 0): Y is empty; in training the running statistics stay as they
+    /// are (zeros where they were never initialised) and the saved mean and inverse std are
+    /// zeros, as no statistic was measured.
+    fn forward_empty(&self, ctx: &mut OpContext<'_>, dims: &[usize], c: usize) -> Result<()> {
+        ctx.output(0)?.ensure::<f32>(dims);
+        if self.is_test {
+            return Ok(());
+        }
+        if ctx.num_outputs() < 5 {
+            bail!(Schema: "SpatialBN in training mode needs 5 outputs");
+        }
+        let rm = running_vec(ctx, 3, c)?;
+        let rv = running_vec(ctx, 4, c)?;
+        ctx.output(1)?.ensure::<f32>(&[c]).copy_from_slice(&rm);
+        ctx.output(2)?.ensure::<f32>(&[c]).copy_from_slice(&rv);
+        ctx.output(3)?.ensure::<f32>(&[c]).fill(0.0);
+        ctx.output(4)?.ensure::<f32>(&[c]).fill(0.0);
+        Ok(())
+    }
+
+    /// Inputs (X, scale, dY, saved_mean, saved_inv_std[, dscale_sum, dbias_sum]); outputs
+    /// (dX, dscale, dbias).
     fn backward(&self, ctx: &mut OpContext<'_>) -> Result<()> {
         let dims = ctx.input(0)?.dims().to_vec();
         let (n, c, inner) = layout(&dims, self.nhwc)?;
@@ -171,6 +206,14 @@ impl SpatialBn {
         let xlen = ctx.input(0)?.as_slice::<f32>()?.len();
         if ctx.input(2)?.as_slice::<f32>()?.len() != xlen {
             bail!(ShapeMismatch: "dY must have the shape of X");
+        }
+        if n == 0 {
+            // Nothing was normalised: an empty dX and zero parameter gradients (also with
+            // several batches, whatever the summed gradients say).
+            ctx.output(0)?.ensure::<f32>(&dims);
+            ctx.output(1)?.ensure::<f32>(&[c]).fill(0.0);
+            ctx.output(2)?.ensure::<f32>(&[c]).fill(0.0);
+            return Ok(());
         }
         let (cx, cg) = (copy_if_inplace(ctx, 0)?, copy_if_inplace(ctx, 2)?);
         let m = (self.num_batches * n * inner) as f32;
@@ -993,10 +1036,12 @@ impl LayerNorm {
             let y = ctx.output(0)?.ensure::<f32>(&dims);
             for r in 0..rows {
                 let row = &x[r * cols..(r + 1) * cols];
-                let m = cols.max(1) as f32;
-                let mean = row.iter().sum::<f32>() / m;
-                let var = (row.iter().map(|v| v * v).sum::<f32>() / m - mean * mean).max(0.0);
-                let std = (var + self.eps).sqrt();
+                // The moments in f64: a long row summed in f32 drifts by more than 1e-5.
+                let (s1, s2) = sums_f64(row);
+                let m = cols.max(1) as f64;
+                let mean64 = s1 / m;
+                let var = (s2 / m - mean64 * mean64).max(0.0);
+                let (mean, std) = (mean64 as f32, (var + f64::from(self.eps)).sqrt() as f32);
                 means[r] = mean;
                 stds[r] = std;
                 for (j, o) in y[r * cols..(r + 1) * cols].iter_mut().enumerate() {
@@ -1029,40 +1074,45 @@ impl LayerNorm {
         if g.len() != x.len() || mean.len() != rows || std.len() != rows {
             bail!(ShapeMismatch: "LayerNormGradient: inputs disagree on shapes");
         }
-        let mut dx = vec![0f32; x.len()];
-        let mut dgamma = vec![0f32; cols];
-        let mut dbeta = vec![0f32; cols];
-        let m = cols.max(1) as f32;
+        // In f64: the row sums cancel almost exactly (dX is tiny when dY is close to Y), so
+        // f32 rounding would show against the result.
+        let mut dx = try_vec(x.len(), 0f32, "dX")?;
+        let mut dgamma = try_vec(cols, 0f64, "dgamma")?;
+        let mut dbeta = try_vec(cols, 0f64, "dbeta")?;
+        let mut dxhat = try_vec(cols, 0f64, "a row of dX")?;
+        let m = cols.max(1) as f64;
         for r in 0..rows {
-            let (mu, sd) = (mean[r], std[r]);
+            let (mu, sd) = (f64::from(mean[r]), f64::from(std[r]));
             let mut s1 = 0.0;
             let mut s2 = 0.0;
-            let mut dxhat = vec![0f32; cols];
             for j in 0..cols {
                 let k = r * cols + j;
-                let xhat = (x[k] - mu) / sd;
+                let xhat = (f64::from(x[k]) - mu) / sd;
+                let gk = f64::from(g[k]);
                 dxhat[j] = match &aff {
-                    Some((gm, _)) => g[k] * gm[j],
-                    None => g[k],
+                    Some((gm, _)) => gk * f64::from(gm[j]),
+                    None => gk,
                 };
-                dgamma[j] += g[k] * xhat;
-                dbeta[j] += g[k];
+                dgamma[j] += gk * xhat;
+                dbeta[j] += gk;
                 s1 += dxhat[j];
                 s2 += dxhat[j] * xhat;
             }
             for (j, &dh) in dxhat.iter().enumerate() {
                 let k = r * cols + j;
-                let xhat = (x[k] - mu) / sd;
-                dx[k] = (dh - s1 / m - xhat * s2 / m) / sd;
+                let xhat = (f64::from(x[k]) - mu) / sd;
+                dx[k] = ((dh - s1 / m - xhat * s2 / m) / sd) as f32;
             }
         }
         ctx.output(0)?.ensure::<f32>(&dims).copy_from_slice(&dx);
         if aff.is_some() && ctx.num_outputs() > 2 {
             let gdims = ctx.input(5)?.dims().to_vec();
-            ctx.output(1)?
-                .ensure::<f32>(&gdims)
-                .copy_from_slice(&dgamma);
-            ctx.output(2)?.ensure::<f32>(&gdims).copy_from_slice(&dbeta);
+            let out = ctx.output(1)?.ensure::<f32>(&gdims);
+            out.iter_mut()
+                .zip(&dgamma)
+                .for_each(|(o, &v)| *o = v as f32);
+            let out = ctx.output(2)?.ensure::<f32>(&gdims);
+            out.iter_mut().zip(&dbeta).for_each(|(o, &v)| *o = v as f32);
         }
         Ok(())
     }

@@ -170,6 +170,11 @@ fn gather_layout(
     let ax = ax as usize;
     let outer: usize = d[..ax].iter().product();
     let inner: usize = d[ax + 1..].iter().product();
+    if d[ax] == 0 {
+        // Gathering from an empty axis (e.g. an empty batch) gives DATA's own (empty) shape,
+        // whatever the indices, as Caffe2 does.
+        return Ok((ax, outer, 0, inner, d.to_vec()));
+    }
     let mut od = d[..ax].to_vec();
     let per = if match_outer {
         if idx_dims.len() < ax || idx_dims[..ax] != d[..ax] {
@@ -199,11 +204,16 @@ fn gather_with_default_axis(init: &OpInit<'_>, default_axis: i64) -> Result<Box<
         let idx_t = ins.tensor(1)?;
         let d = data.dims().to_vec();
         let (ax, outer, per, inner, od) = gather_layout(&d, idx_t.dims(), axis, match_outer)?;
-        let idx = indices(idx_t, d[ax])?;
         dispatch!(data.dtype(), [Float => f32, Double => f64, Int32 => i32, Int64 => i64,
             Bool => bool, Uint8 => u8, Int8 => i8, Int16 => i16, Uint16 => u16, Float16 => half::f16], |T| {
             let src = data.as_slice::<T>()?;
             let y = outs.tensor(0)?.try_ensure::<T>(&od)?;
+            if y.is_empty() {
+                // Nothing to copy (an empty batch, no indices or empty rows): as in Caffe2 the
+                // indices are not checked then.
+                return Ok(());
+            }
+            let idx = indices(idx_t, d[ax])?;
             let mut k = 0;
             for o in 0..outer {
                 let block = if match_outer { &idx[o * per..(o + 1) * per] } else { &idx[..] };
@@ -249,9 +259,14 @@ fn create_batch_gather_gradient(init: &OpInit<'_>) -> Result<Box<dyn Operator>> 
                 grad.dtype()
             );
         }
-        let idx = indices(idx_t, d[ax])?;
         let g = grad.as_slice::<f32>()?;
         let out = outs.tensor(0)?.try_ensure::<f32>(&d)?;
+        if out.is_empty() {
+            // Empty DATA (an empty batch): nothing to scatter into, the indices go unchecked
+            // as in Caffe2.
+            return Ok(());
+        }
+        let idx = indices(idx_t, d[ax])?;
         out.fill(0.0);
         let mut k = 0;
         for o in 0..outer {
