@@ -58,8 +58,16 @@ def measure(p, max_bytes):
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     if not os.path.exists(mpiexec):
         mpiexec = "mpiexec"
-    cmd = [mpiexec, "-n", str(p), sys.executable, os.path.abspath(__file__), "--worker",
-           "--max-mib", str(max_bytes >> 20)]
+    cmd = [
+        mpiexec,
+        "-n",
+        str(p),
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        "--max-mib",
+        str(max_bytes >> 20),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=1800).stdout
     res = {}
     for line in out.splitlines():
@@ -104,16 +112,19 @@ def main():
     alpha, bw = fit(points)
     print(f"MPI all-reduce (float32, in place) on this machine ({os.cpu_count()} CPUs)")
     print(f"ring model fit: alpha = {alpha * 1e6:.2f} us, B = {bw / 1e9:.2f} GB/s")
-    print(f"{'p':>2} {'size':>8} {'time':>11} {'model':>11} {'algbw GB/s':>11} "
-          f"{'busbw GB/s':>11}")
+    print(f"{'p':>2} {'size':>8} {'time':>11} {'model':>11} {'algbw GB/s':>11} {'busbw GB/s':>11}")
     for p, r in results.items():
         for n, t in sorted(r.items()):
-            print(f"{p:>2} {human(n):>8} {t * 1e6:>9.1f}us {model(alpha, bw, p, n) * 1e6:>9.1f}us "
-                  f"{n / t / 1e9:>11.3f} {2 * (p - 1) / p * n / t / 1e9:>11.3f}")
+            print(
+                f"{p:>2} {human(n):>8} {t * 1e6:>9.1f}us {model(alpha, bw, p, n) * 1e6:>9.1f}us "
+                f"{n / t / 1e9:>11.3f} {2 * (p - 1) / p * n / t / 1e9:>11.3f}"
+            )
     net_bw = args.net_gbit * 1e9 / 8
     net_alpha = args.net_alpha_us * 1e-6
-    print(f"\nring model for N hosts at {args.net_gbit:g} Gbit/s ({net_bw / 1e9:.3f} GB/s per "
-          f"link), alpha = {args.net_alpha_us:g} us per step:")
+    print(
+        f"\nring model for N hosts at {args.net_gbit:g} Gbit/s ({net_bw / 1e9:.3f} GB/s per "
+        f"link), alpha = {args.net_alpha_us:g} us per step:"
+    )
     print(f"{'N':>4} {'1 MiB':>12} {'64 MiB':>12} {'busbw 64 MiB':>14}")
     for n_hosts in [2, 4, 8, 16, 32, 64]:
         t1 = model(net_alpha, net_bw, n_hosts, 1 << 20)

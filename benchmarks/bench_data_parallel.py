@@ -65,10 +65,10 @@ def worker(args):
     devices = list(range(args.devices_per_process))
     rendezvous = None
     if size > 1:
-        rendezvous = dict(engine="MPI", shard_id=rank, num_shards=size, kv_handler=None,
-                          timeout_ms=120000)
-    model = ex.build_model("bench_dp", devices, rendezvous, dims=dims,
-                           barrier_net_timeout_sec=120)
+        rendezvous = dict(
+            engine="MPI", shard_id=rank, num_shards=size, kv_handler=None, timeout_ms=120000
+        )
+    model = ex.build_model("bench_dp", devices, rendezvous, dims=dims, barrier_net_timeout_sec=120)
     ex.start_model(model, devices, 0, dims, None, rank)
     rows = args.batch_per_device * len(devices) * size
     data, label = ex.global_batch(0, 0, rows, dims)
@@ -97,10 +97,23 @@ def worker(args):
 def run_procs(p, args, dims):
     env = dict(os.environ)
     env["FERROCAFFE_NUM_THREADS"] = str(args.threads)
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--dims", ",".join(map(str, dims)),
-           "--devices-per-process", str(args.devices_per_process),
-           "--batch-per-device", str(args.batch_per_device), "--iterations", str(args.iterations),
-           "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        "--dims",
+        ",".join(map(str, dims)),
+        "--devices-per-process",
+        str(args.devices_per_process),
+        "--batch-per-device",
+        str(args.batch_per_device),
+        "--iterations",
+        str(args.iterations),
+        "--repeats",
+        str(args.repeats),
+        "--warmup",
+        str(args.warmup),
+    ]
     if p > 1:
         mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
         if not os.path.exists(mpiexec):
@@ -133,8 +146,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--models", type=parse_dims, nargs="+",
-                    default=[(10, 16, 4), (512, 2048, 16)])
+    ap.add_argument("--models", type=parse_dims, nargs="+", default=[(10, 16, 4), (512, 2048, 16)])
     ap.add_argument("--dims", type=parse_dims, default=(10, 16, 4), help=argparse.SUPPRESS)
     ap.add_argument("--devices-per-process", type=int, default=2)
     ap.add_argument("--batch-per-device", type=int, default=32)
@@ -151,14 +163,18 @@ def main():
         return
 
     cpus = os.cpu_count()
-    print(f"weak scaling of data_parallel_model over MPI on this machine: {cpus} CPUs; each "
-          f"process {args.devices_per_process} CPU devices x {args.batch_per_device} rows, "
-          f"{args.threads} compute thread(s)")
+    print(
+        f"weak scaling of data_parallel_model over MPI on this machine: {cpus} CPUs; each "
+        f"process {args.devices_per_process} CPU devices x {args.batch_per_device} rows, "
+        f"{args.threads} compute thread(s)"
+    )
     over = [p for p in args.procs if p * args.threads > cpus]
     if over:
-        print(f"NOTE: this machine has only {cpus} cores: {', '.join(map(str, over))} "
-              f"process(es) are oversubscribed (more threads than cores); their efficiency "
-              f"measures CPU sharing, not communication")
+        print(
+            f"NOTE: this machine has only {cpus} cores: {', '.join(map(str, over))} "
+            f"process(es) are oversubscribed (more threads than cores); their efficiency "
+            f"measures CPU sharing, not communication"
+        )
     results = {}
     for dims in args.models:
         for p in args.procs:
@@ -171,15 +187,19 @@ def main():
     fit_procs = [p for p in coll if p <= cpus] or list(coll)
     points = [(p, n, t) for p in fit_procs for n, t in coll[p].items()]
     alpha, bw = bench_collectives.fit(points)
-    print(f"\nMPI all-reduce (float32, in place, shared memory): ring fit on p = "
-          f"{', '.join(map(str, fit_procs))}: alpha = {alpha * 1e6:.2f} us, "
-          f"B = {bw / 1e9:.2f} GB/s")
+    print(
+        f"\nMPI all-reduce (float32, in place, shared memory): ring fit on p = "
+        f"{', '.join(map(str, fit_procs))}: alpha = {alpha * 1e6:.2f} us, "
+        f"B = {bw / 1e9:.2f} GB/s"
+    )
     print(f"{'p':>2} {'size':>10} {'time':>11} {'model':>11} {'busbw GB/s':>11}")
     for p, r in coll.items():
         for n, t in sorted(r.items()):
-            print(f"{p:>2} {human(n):>10} {t * 1e6:>9.1f}us "
-                  f"{bench_collectives.model(alpha, bw, p, n) * 1e6:>9.1f}us "
-                  f"{2 * (p - 1) / p * n / t / 1e9:>11.3f}")
+            print(
+                f"{p:>2} {human(n):>10} {t * 1e6:>9.1f}us "
+                f"{bench_collectives.model(alpha, bw, p, n) * 1e6:>9.1f}us "
+                f"{2 * (p - 1) / p * n / t / 1e9:>11.3f}"
+            )
 
     net_bw = args.net_gbit * 1e9 / 8
     net_alpha = args.net_alpha_us * 1e-6
@@ -187,25 +207,34 @@ def main():
         sizes = param_sizes(dims)
         grad = sum(sizes)
         t1 = results[dims, min(args.procs)][0]
-        print(f"\nmodel MLP {dims[0]}->{dims[1]}->{dims[2]}: gradients {human(grad)} in "
-              f"{len(sizes)} Allreduce ops ({', '.join(human(n) for n in sizes)})")
-        print(f"{'p':>2} {'ms/iter':>9} {'median':>9} {'efficiency':>10} "
-              f"{'allreduce model ms':>19}")
+        print(
+            f"\nmodel MLP {dims[0]}->{dims[1]}->{dims[2]}: gradients {human(grad)} in "
+            f"{len(sizes)} Allreduce ops ({', '.join(human(n) for n in sizes)})"
+        )
+        print(
+            f"{'p':>2} {'ms/iter':>9} {'median':>9} {'efficiency':>10} {'allreduce model ms':>19}"
+        )
         for p in args.procs:
             best, median = results[dims, p]
             flag = "  (oversubscribed)" if p in over else ""
-            print(f"{p:>2} {best * 1e3:>9.3f} {median * 1e3:>9.3f} {t1 / best:>10.2f} "
-                  f"{allreduce_time(alpha, bw, p, sizes) * 1e3:>19.3f}{flag}")
-        print(f"  alpha-beta model for N hosts (t1 = {t1 * 1e3:.3f} ms of compute per iteration, "
-              f"no overlap): efficiency t1 / (t1 + t_allreduce)")
+            print(
+                f"{p:>2} {best * 1e3:>9.3f} {median * 1e3:>9.3f} {t1 / best:>10.2f} "
+                f"{allreduce_time(alpha, bw, p, sizes) * 1e3:>19.3f}{flag}"
+            )
+        print(
+            f"  alpha-beta model for N hosts (t1 = {t1 * 1e3:.3f} ms of compute per iteration, "
+            f"no overlap): efficiency t1 / (t1 + t_allreduce)"
+        )
         here = f"alpha {alpha * 1e6:.1f} us, {bw / 1e9:.2f} GB/s (fit)"
         there = f"{args.net_gbit:g} Gbit/s, {args.net_alpha_us:g} us"
         print(f"  {'N':>4} {here:>30} {there:>26}")
         for n_hosts in [2, 4, 8, 16, 64, 256]:
             local = allreduce_time(alpha, bw, n_hosts, sizes)
             net = allreduce_time(net_alpha, net_bw, n_hosts, sizes)
-            print(f"  {n_hosts:>4} {local * 1e3:>17.3f} ms {t1 / (t1 + local):>8.2f} "
-                  f"{net * 1e3:>13.3f} ms {t1 / (t1 + net):>8.2f}")
+            print(
+                f"  {n_hosts:>4} {local * 1e3:>17.3f} ms {t1 / (t1 + local):>8.2f} "
+                f"{net * 1e3:>13.3f} ms {t1 / (t1 + net):>8.2f}"
+            )
 
 
 if __name__ == "__main__":

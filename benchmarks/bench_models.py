@@ -196,7 +196,10 @@ def train_step(order: str, runs: int, trials: int) -> tuple[float, float]:
         h, _, _, _, _ = net.SpatialBN(
             [h, f"s{i}", f"o{i}", f"rm{i}", f"rv{i}"],
             [f"bn{i}", f"rm{i}", f"rv{i}", f"sm{i}", f"sv{i}"],
-            is_test=0, order=order, epsilon=1e-5, momentum=0.9,
+            is_test=0,
+            order=order,
+            epsilon=1e-5,
+            momentum=0.9,
         )
         if i == 1:
             h = net.Relu(h, "relu1")

@@ -211,8 +211,10 @@ def main():
             for n, r in bench_fc(sizes).items():
                 worst[n] = min(worst.get(n, r), r)
         if args.fc_rounds > 1:
-            print("FC worst ratio numpy/fc over %d rounds: %s" % (
-                args.fc_rounds, ", ".join("%d: %.2f" % kv for kv in sorted(worst.items()))))
+            print(
+                "FC worst ratio numpy/fc over %d rounds: %s"
+                % (args.fc_rounds, ", ".join("%d: %.2f" % kv for kv in sorted(worst.items())))
+            )
     if run("step"):
         bench_step_gemm(*((8, 32) if args.quick else (32, 256)))
     if run("dag"):

@@ -221,20 +221,33 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--devices-per-process", type=int, default=2)
     ap.add_argument("--iterations", type=int, default=20)
-    ap.add_argument("--global-batch", type=int, default=48,
-                    help="rows per global batch; a multiple of the job's device count")
+    ap.add_argument(
+        "--global-batch",
+        type=int,
+        default=48,
+        help="rows per global batch; a multiple of the job's device count",
+    )
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint", help="rank 0 writes a checkpoint here after --stop-after")
     ap.add_argument("--stop-after", type=int, help="iterations before the checkpoint and stop")
     ap.add_argument("--resume", help="every process loads this checkpoint and goes on")
     ap.add_argument("--output", help="rank 0 writes the final parameters here (.npz)")
-    ap.add_argument("--no-reference", action="store_true",
-                    help="skip the one-process replay on rank 0")
-    ap.add_argument("--tolerance", type=float, default=1e-5,
-                    help="largest |difference| allowed against the one-process run")
-    ap.add_argument("--timeout-sec", type=int, default=60,
-                    help="timeout of the collectives (a dead process makes the others fail)")
+    ap.add_argument(
+        "--no-reference", action="store_true", help="skip the one-process replay on rank 0"
+    )
+    ap.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-5,
+        help="largest |difference| allowed against the one-process run",
+    )
+    ap.add_argument(
+        "--timeout-sec",
+        type=int,
+        default=60,
+        help="timeout of the collectives (a dead process makes the others fail)",
+    )
     ap.add_argument("--verbose", action="store_true", help="print every iteration's loss")
     args = ap.parse_args(argv)
     if (args.checkpoint is None) != (args.stop_after is None):
@@ -249,27 +262,53 @@ def main(argv=None):
     devices = list(range(args.devices_per_process))
     total_devices = size * len(devices)
     if args.global_batch % total_devices:
-        sys.exit(f"--global-batch {args.global_batch} is not a multiple of the job's "
-                 f"{total_devices} devices ({size} processes x {len(devices)})")
+        sys.exit(
+            f"--global-batch {args.global_batch} is not a multiple of the job's "
+            f"{total_devices} devices ({size} processes x {len(devices)})"
+        )
 
     def log(msg):
         print(f"[rank {rank}/{size}] {msg}", flush=True)
 
     rendezvous = None
     if size > 1:
-        rendezvous = dict(engine="MPI", shard_id=rank, num_shards=size, kv_handler=None,
-                          timeout_ms=args.timeout_sec * 1000)
-    model = build_model("dp_mpi", devices, rendezvous, lr=args.lr, dims=dims,
-                        barrier_net_timeout_sec=args.timeout_sec)
+        rendezvous = dict(
+            engine="MPI",
+            shard_id=rank,
+            num_shards=size,
+            kv_handler=None,
+            timeout_ms=args.timeout_sec * 1000,
+        )
+    model = build_model(
+        "dp_mpi",
+        devices,
+        rendezvous,
+        lr=args.lr,
+        dims=dims,
+        barrier_net_timeout_sec=args.timeout_sec,
+    )
     start = start_model(model, devices, args.seed, dims, args.resume, rank)
     stop = args.iterations if args.stop_after is None else args.stop_after
     if rank == 0:
-        print(f"{size} process(es) x {len(devices)} CPU devices, global batch "
-              f"{args.global_batch} ({args.global_batch // total_devices} rows per device), "
-              f"iterations {start} -> {stop}"
-              + (f" (resumed from {args.resume})" if args.resume else ""), flush=True)
-    times = train(model, devices, rank, total_devices, start, stop, args.seed,
-                  args.global_batch, dims, log if args.verbose else None)
+        print(
+            f"{size} process(es) x {len(devices)} CPU devices, global batch "
+            f"{args.global_batch} ({args.global_batch // total_devices} rows per device), "
+            f"iterations {start} -> {stop}"
+            + (f" (resumed from {args.resume})" if args.resume else ""),
+            flush=True,
+        )
+    times = train(
+        model,
+        devices,
+        rank,
+        total_devices,
+        start,
+        stop,
+        args.seed,
+        args.global_batch,
+        dims,
+        log if args.verbose else None,
+    )
     params = fetch_params()
     # Every device of this process holds the same parameters.
     for d in devices[1:]:
@@ -281,8 +320,10 @@ def main(argv=None):
     if args.checkpoint is not None:
         if rank == 0:
             blobs = save_checkpoint(model, args.checkpoint)
-            print(f"checkpoint after {stop} iterations: {args.checkpoint} ({', '.join(blobs)})",
-                  flush=True)
+            print(
+                f"checkpoint after {stop} iterations: {args.checkpoint} ({', '.join(blobs)})",
+                flush=True,
+            )
         return 0
 
     status = 0
@@ -299,19 +340,28 @@ def main(argv=None):
 
     total, total_abs = checksum(params)
     per_it = np.median(times) * 1e3 if times else float("nan")
-    print(f"final parameters after {stop} iterations: checksum sum={total:.6f} "
-          f"sum|.|={total_abs:.6f} ({per_it:.2f} ms per iteration)", flush=True)
+    print(
+        f"final parameters after {stop} iterations: checksum sum={total:.6f} "
+        f"sum|.|={total_abs:.6f} ({per_it:.2f} ms per iteration)",
+        flush=True,
+    )
     if args.output:
         np.savez(args.output, **params)
     if not args.no_reference:
         ref = reference_run(total_devices, stop, args.seed, args.global_batch, args.lr, dims)
         diff = max(float(np.max(np.abs(params[p] - ref[p]))) for p in PARAMS)
         ref_total, ref_abs = checksum(ref)
-        print(f"one process with {total_devices} CPU devices: checksum sum={ref_total:.6f} "
-              f"sum|.|={ref_abs:.6f}", flush=True)
+        print(
+            f"one process with {total_devices} CPU devices: checksum sum={ref_total:.6f} "
+            f"sum|.|={ref_abs:.6f}",
+            flush=True,
+        )
         ok = diff <= args.tolerance
-        print(f"max |difference| against the one-process run: {diff:.3g} "
-              f"({'OK' if ok else 'MISMATCH'}, tolerance {args.tolerance:g})", flush=True)
+        print(
+            f"max |difference| against the one-process run: {diff:.3g} "
+            f"({'OK' if ok else 'MISMATCH'}, tolerance {args.tolerance:g})",
+            flush=True,
+        )
         if not ok:
             status = 1
     return status

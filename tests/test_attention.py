@@ -168,9 +168,7 @@ def test_attention_cell_unrolled_equals_recurrent_network():
         model = ModelHelper(name="external")
         h, c, ctx = model.net.AddExternalInputs("h0", "c0", "ctx0")
         with scope.NameScope("ns"):
-            x, lengths, enc, wenc = model.net.AddScopedExternalInputs(
-                "x", "lengths", "enc", "wenc"
-            )
+            x, lengths, enc, wenc = model.net.AddScopedExternalInputs("x", "lengths", "enc", "wenc")
             decoder = rnn_cell.MultiRNNCell(
                 [
                     rnn_cell.MILSTMCell(

@@ -21,12 +21,11 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_scripts"
 needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install mpich)")
 
 
-
-
 def _mpirun(n, script, *flags, env=None):
     cmd = [MPIEXEC, *flags, "-n", str(n), sys.executable, os.path.join(SCRIPTS, script)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=GUARD_S,
-                          env=env or mpi_env())
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=GUARD_S, env=env or mpi_env()
+    )
 
 
 @needs_mpiexec
@@ -87,8 +86,9 @@ print("RELU", workspace.FetchBlob("y").tolist())
 
 def test_without_mpi_the_ops_say_how_to_provide_it():
     env = mpi_env(FERROCAFFE_MPI_LIBRARY="/nonexistent")
-    p = subprocess.run([sys.executable, "-c", NO_MPI], capture_output=True, text=True,
-                       timeout=GUARD_S, env=env)
+    p = subprocess.run(
+        [sys.executable, "-c", NO_MPI], capture_output=True, text=True, timeout=GUARD_S, env=env
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     err = [ln for ln in p.stdout.splitlines() if ln.startswith("ERROR:")]
     assert err, p.stdout + p.stderr
@@ -110,9 +110,20 @@ def test_the_ops_are_registered_and_build_into_netdefs():
     assert all(op.engine == "MPI" for op in proto.op)
     args = {a.name: a.i for a in proto.op[0].arg}
     assert args == {"size": 2, "rank": 0, "timeout_ms": 5000}
-    for t in ["MPICreateCommonWorld", "MPIAllreduce", "MPIBroadcast", "MPIReduce",
-              "MPIAllgather", "MPIReduceScatter", "MPISendTensor", "MPIReceiveTensor",
-              "CloneCommonWorld", "DestroyCommonWorld", "Barrier", "ReduceScatter"]:
+    for t in [
+        "MPICreateCommonWorld",
+        "MPIAllreduce",
+        "MPIBroadcast",
+        "MPIReduce",
+        "MPIAllgather",
+        "MPIReduceScatter",
+        "MPISendTensor",
+        "MPIReceiveTensor",
+        "CloneCommonWorld",
+        "DestroyCommonWorld",
+        "Barrier",
+        "ReduceScatter",
+    ]:
         assert core.IsOperator(t), t
 
 
@@ -121,12 +132,15 @@ def test_wrong_engine_and_schema_errors_name_the_op():
     workspace.FeedBlob("x", np.ones(2, np.float32))
     workspace.FeedBlob("cw", np.ones(1, np.float32))
     with pytest.raises(Exception, match="engine='MPI'"):
-        workspace.RunOperatorOnce(core.CreateOperator("Allreduce", ["cw", "x"], ["x"],
-                                                      engine="GLOO"))
+        workspace.RunOperatorOnce(
+            core.CreateOperator("Allreduce", ["cw", "x"], ["x"], engine="GLOO")
+        )
     with pytest.raises(Exception, match="must be the same blob"):
-        workspace.RunOperatorOnce(core.CreateOperator("Broadcast", ["cw", "x"], ["y"],
-                                                      engine="MPI"))
+        workspace.RunOperatorOnce(
+            core.CreateOperator("Broadcast", ["cw", "x"], ["y"], engine="MPI")
+        )
     workspace.FeedBlob("not_a_world", np.ones(1, np.float32))
     with pytest.raises(Exception, match="must be a common world"):
-        workspace.RunOperatorOnce(core.CreateOperator("Allreduce", ["not_a_world", "x"], ["x"],
-                                                      engine="MPI"))
+        workspace.RunOperatorOnce(
+            core.CreateOperator("Allreduce", ["not_a_world", "x"], ["x"], engine="MPI")
+        )

@@ -75,8 +75,16 @@ def _run(case, order, with_bias):
     workspace.FeedBlob("b", b)
     workspace.FeedBlob("dy", to(dy))
     args = dict(
-        stride_h=stride[0], stride_w=stride[1], pad_t=pad[0], pad_l=pad[1], pad_b=pad[2],
-        pad_r=pad[3], dilation_h=dil[0], dilation_w=dil[1], group=group, order=order,
+        stride_h=stride[0],
+        stride_w=stride[1],
+        pad_t=pad[0],
+        pad_l=pad[1],
+        pad_b=pad[2],
+        pad_r=pad[3],
+        dilation_h=dil[0],
+        dilation_w=dil[1],
+        group=group,
+        order=order,
     )
     ins = ["x", "w", "b"] if with_bias else ["x", "w"]
     workspace.RunOperatorOnce(core.CreateOperator("Conv", ins, ["y"], **args))
@@ -85,7 +93,9 @@ def _run(case, order, with_bias):
 
     outs = ["dw", "db", "dx"] if with_bias else ["dw", "dx"]
     grad_args = dict(args, no_bias=0 if with_bias else 1)
-    workspace.RunOperatorOnce(core.CreateOperator("ConvGradient", ["x", "w", "dy"], outs, **grad_args))
+    workspace.RunOperatorOnce(
+        core.CreateOperator("ConvGradient", ["x", "w", "dy"], outs, **grad_args)
+    )
     # dX and dW by linearity: dX = d<y, dy>/dx, dW = d<y, dy>/dw, from the reference with
     # one-hot probes would be slow; use the adjoint identities instead.
     dx = back(workspace.FetchBlob("dx")).astype(np.float64)
@@ -100,7 +110,10 @@ def _run(case, order, with_bias):
     np.testing.assert_allclose((probe_w * dw).sum(), lhs_w, rtol=1e-4, atol=1e-3)
     if with_bias:
         np.testing.assert_allclose(
-            workspace.FetchBlob("db"), dy.astype(np.float64).sum(axis=(0, 2, 3)), rtol=1e-4, atol=1e-4
+            workspace.FetchBlob("db"),
+            dy.astype(np.float64).sum(axis=(0, 2, 3)),
+            rtol=1e-4,
+            atol=1e-4,
         )
 
 

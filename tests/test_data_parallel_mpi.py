@@ -24,17 +24,18 @@ PARAMS = ("fc1_w", "fc1_b", "fc2_w", "fc2_b")
 ITERATIONS = 12
 
 
-
-
-
-
 @pytest.fixture(scope="module")
 def mpiexec():
     if MPIEXEC is None:
         pytest.skip("mpiexec not found (pip install mpich, or the package's [test] extra)")
     try:
-        p = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-c", "pass"],
-                           capture_output=True, text=True, timeout=120, env=mpi_env())
+        p = subprocess.run(
+            [MPIEXEC, "-n", "2", sys.executable, "-c", "pass"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=mpi_env(),
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         pytest.skip(f"{MPIEXEC} cannot start processes here: {e}")
     if p.returncode != 0:
@@ -68,8 +69,9 @@ def _assert_params_close(got, want):
 def one_process(tmp_path_factory, mpiexec):
     """The uninterrupted run in one process with 4 CPU devices (no rendezvous, no MPI)."""
     out = str(tmp_path_factory.mktemp("dpm_mpi") / "one_process.npz")
-    p, log = _example(mpiexec, None, "--devices-per-process", "4", "--no-reference",
-                      "--output", out)
+    p, log = _example(
+        mpiexec, None, "--devices-per-process", "4", "--no-reference", "--output", out
+    )
     assert p.returncode == 0, log
     assert "1 process(es) x 4 CPU devices" in log, log
     params = _load(out)
@@ -115,8 +117,16 @@ def test_checkpoint_of_two_processes_resumes_with_another_count(
 
 
 def test_a_dead_process_makes_the_others_fail_naming_the_collective(mpiexec):
-    p, log = _run([mpiexec, "-disable-auto-cleanup", "-n", "2", sys.executable,
-                   os.path.join(SCRIPTS, "dpm_dead_rank.py")])
+    p, log = _run(
+        [
+            mpiexec,
+            "-disable-auto-cleanup",
+            "-n",
+            "2",
+            sys.executable,
+            os.path.join(SCRIPTS, "dpm_dead_rank.py"),
+        ]
+    )
     assert "RANK 0 ITERATION 1 DONE" in p.stdout and "RANK 1 LEAVING" in p.stdout, log
     lines = {ln.split(" ")[2]: ln for ln in p.stdout.splitlines() if ln.startswith("RANK 0 ")}
     # data_parallel_model.RunNet: the barrier net before the training net.

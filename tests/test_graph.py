@@ -221,7 +221,6 @@ def test_get_ssa_updates_the_given_dict_in_place():
         core.get_ssa("not a net")
 
 
-
 def test_get_ssa_of_a_large_net_matches_reference():
     """Over 2**17 blob_versions entries (past the size a presized dict is made at, so the dict
     grows as well) and large versions: the same lists, tuples, ints and key order as the
@@ -243,6 +242,7 @@ def test_get_ssa_of_a_large_net_matches_reference():
     assert type(inputs) is list and type(inputs[0]) is tuple
     assert inputs == [("h", 2**40 + 70_000)] and type(inputs[0][1]) is int
     assert outputs == [("copy", 1)] and versions["copy"] == 1
+
 
 def test_ssa_helpers_on_given_ssa():
     ssa = [([("x", 0)], [("y", 1)]), ([("y", 1), ("w", 0)], [("y", 2), ("z", 1)])]

@@ -143,9 +143,12 @@ def test_forward_only_cycles_over_num_workspaces():
         op = next(o for o in model.net.Proto().op if o.type == "RecurrentNetwork")
         fetched = workspace.FetchBlob(op.output[-1])
         # Not a tensor: FetchBlob describes it as Caffe2 did.
-        assert fetched == (
-            f"{op.output[-1]}, a C++ native class of type caffe2::detail::ScratchWorkspaces."
-        ).encode()
+        assert (
+            fetched
+            == (
+                f"{op.output[-1]}, a C++ native class of type caffe2::detail::ScratchWorkspaces."
+            ).encode()
+        )
         names = ["fetched_names"]
         workspace.RunOperatorOnce(
             core.CreateOperator("RecurrentNetworkBlobFetcher", [op.output[-1]], names, prefix="f")

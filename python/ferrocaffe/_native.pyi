@@ -210,6 +210,7 @@ def num_threads() -> int:
     """Threads of the compute team, the caller included: the machine's cores, capped by
     ``FERROCAFFE_NUM_THREADS``."""
     ...
+
 def blas_set_small_kernels(enabled: bool) -> None: ...
 
 class BlobName:
@@ -240,10 +241,12 @@ def mpi_set_library_candidates(paths: list[str]) -> None:
     """MPI libraries to try (after ``FERROCAFFE_MPI_LIBRARY`` and one already loaded in the
     process) before the default names."""
     ...
+
 def mpi_library() -> tuple[str, str, bool] | None:
     """``(path, abi, initialized_here)`` of the loaded MPI library (``abi``: ``'standard'`` or
     ``'mpich'``), or None before the first collective op ran."""
     ...
+
 def mpi_finalize() -> bool:
     """Finalizes MPI if ferrocaffe initialized it and no request was abandoned."""
     ...

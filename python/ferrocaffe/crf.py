@@ -199,8 +199,12 @@ class CRFWithLoss:
         low = _LOW_SCORE
         bos_row = np.array([[low] * num_classes + [0, low]], dtype=np.float32)
         eos_row = np.array([[low] * num_classes + [low, 0]], dtype=np.float32)
-        bos_row = init_net.GivenTensorFill([], "b_scores", shape=[1, num_classes + 2], values=bos_row)
-        eos_row = init_net.GivenTensorFill([], "e_scores", shape=[1, num_classes + 2], values=eos_row)
+        bos_row = init_net.GivenTensorFill(
+            [], "b_scores", shape=[1, num_classes + 2], values=bos_row
+        )
+        eos_row = init_net.GivenTensorFill(
+            [], "e_scores", shape=[1, num_classes + 2], values=eos_row
+        )
 
         zero_index = net.ConstantFill([], shape=[1], value=0)
         length = net.Cast(net.Gather([net.Shape([predictions]), zero_index]), to="int32")

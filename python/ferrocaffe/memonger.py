@@ -49,6 +49,7 @@ def _networkx():
         ) from e
     return networkx
 
+
 __all__ = [
     "LiveRange",
     "Optimization",

@@ -122,13 +122,15 @@ for dt in DTYPES:
     run(n)
     check("G", np.concatenate([mine(dt, rank=r) for r in range(S)]))
     check("G3", np.concatenate([mine(dt, rank=r) for r in range(S)]))
-    check("G2", np.concatenate([a for r in range(S) for a in (mine(dt, rank=r), -mine(dt, rank=r))]))
+    check(
+        "G2", np.concatenate([a for r in range(S) for a in (mine(dt, rank=r), -mine(dt, rank=r))])
+    )
 
     # ReduceScatter on 7 elements: uneven blocks, zeros outside this rank's block.
     counts = [7 // S + (r < 7 % S) for r in range(S)]
     start = sum(counts[:R])
     want = np.zeros(7, dt)
-    want[start:start + counts[R]] = total(dt, (7,))[start:start + counts[R]]
+    want[start : start + counts[R]] = total(dt, (7,))[start : start + counts[R]]
     feed("X", mine(dt, (7,)))
     n = core.Net("reduce_scatter")
     n.ReduceScatter(["cw", "X"], ["Y"], engine="MPI")
@@ -158,8 +160,7 @@ for raw in (False, True):
     send = core.Net("send")
     send.SendTensor(["cw", "P"], [], engine="MPI", dst=nxt, tag=100 + R, raw_buffer=raw)
     recv = core.Net("recv")
-    recv.ReceiveTensor(["cw", "Q"], ["Q", "src", "tag"], engine="MPI", src=prv,
-                       raw_buffer=raw)
+    recv.ReceiveTensor(["cw", "Q"], ["Q", "src", "tag"], engine="MPI", src=prv, raw_buffer=raw)
     for net in (send, recv) if R % 2 == 0 else (recv, send):
         run(net)
     check("Q", mine(np.float64, (2, 2), rank=prv))

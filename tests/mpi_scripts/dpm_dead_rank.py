@@ -47,7 +47,8 @@ for what, run in (
         print(f"RANK 0 {what} ERROR after {time.monotonic() - start:.1f} s: {msg}", flush=True)
     else:
         print(f"RANK 0 {what} NO ERROR", flush=True)
-print("RANK 0 PARAMS FINITE", bool(np.isfinite(workspace.FetchBlob("cpu_0/fc1_w")).all()),
-      flush=True)
+print(
+    "RANK 0 PARAMS FINITE", bool(np.isfinite(workspace.FetchBlob("cpu_0/fc1_w")).all()), flush=True
+)
 # A collective MPI cannot cancel is pending: leave without MPI_Finalize.
 os._exit(0)
