@@ -650,3 +650,22 @@ def test_profiles_suppress_the_checks_caffe2s_hypothesis_did_not_have():
         assert hypothesis.HealthCheck.too_slow in s.suppress_health_check
         if hasattr(hypothesis.HealthCheck, "differing_executors"):
             assert hypothesis.HealthCheck.differing_executors in s.suppress_health_check
+
+
+def test_check_helpers_hide_their_frames_from_pytest_tracebacks():
+    """A failure inside a reference shows the test and the reference, not the helper's frames
+    (pytest's __tracebackhide__); unfiltered, the helper's frame is there."""
+    tc = _case()
+
+    def broken_reference(x):
+        raise ValueError("reference broke")
+
+    op = core.CreateOperator("Relu", ["X"], ["Y"])
+    x = np.ones((2, 3), dtype=np.float32)
+    with pytest.raises(ValueError, match="reference broke") as excinfo:
+        tc.assertReferenceChecks(caffe2_pb2.DeviceOption(), op, [x], broken_reference)
+    paths = [str(e.path) for e in excinfo.traceback]
+    shown = [str(e.path) for e in excinfo.traceback.filter(excinfo)]
+    assert any(p.endswith("hypothesis_test_util.py") for p in paths)
+    assert not any(p.endswith("hypothesis_test_util.py") for p in shown)
+    assert shown[-1].endswith("test_caffe2_helpers.py")  # the reference itself

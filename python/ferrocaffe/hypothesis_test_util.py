@@ -474,6 +474,7 @@ class HypothesisTestCase(test_util.TestCase):
     ):
         """Asserts that ``op`` gives the same outputs ``outputs_to_check`` (indices) on every
         device of ``device_options`` (within ``threshold``, absolute and relative)."""
+        __tracebackhide__ = True  # pytest shows the test and its reference, not this helper
         checker = device_checker.DeviceChecker(threshold, device_options=device_options)
         self.assertTrue(checker.CheckSimple(op, inputs, outputs_to_check, input_device_options))
 
@@ -493,6 +494,7 @@ class HypothesisTestCase(test_util.TestCase):
         """Asserts that the gradient of ``op``'s input number ``outputs_to_check`` (Caffe2's
         name for it) agrees with central differences of the loss ``0.5 * sum(y ** 2)`` over
         the outputs ``outputs_with_grads``."""
+        __tracebackhide__ = True  # pytest shows the test and its reference, not this helper
         checker = gradient_checker.GradientChecker(
             stepsize=stepsize,
             threshold=threshold,
@@ -515,6 +517,7 @@ class HypothesisTestCase(test_util.TestCase):
     def _assertGradReferenceChecks(
         self, op, inputs, ref_outputs, output_to_grad, grad_reference, threshold=1e-4
     ):
+        __tracebackhide__ = True  # pytest shows the test and its reference, not this helper
         grad_blob_name = output_to_grad + "_grad"
         grad_ops, grad_map = core.GradientRegistry.GetBackwardPass(
             [op], {output_to_grad: grad_blob_name}
@@ -552,6 +555,7 @@ class HypothesisTestCase(test_util.TestCase):
     def _assertInferTensorChecks(
         self, name, shapes, types, output, ensure_output_is_inferred=False
     ):
+        __tracebackhide__ = True  # pytest shows the test and its reference, not this helper
         self.assertTrue(
             not ensure_output_is_inferred or name in shapes,
             f"Shape for {name} was not inferred",
@@ -602,6 +606,7 @@ class HypothesisTestCase(test_util.TestCase):
         ``grad_reference(output_grad, ref_outputs, inputs)``, with ``output_to_grad``, checks
         the input gradients too, the output being fed as its own gradient. Returns the
         outputs."""
+        __tracebackhide__ = True  # pytest shows the test and its reference, not this helper
         op = _placed(op, device_option)
         with temp_workspace():
             _require_all_inputs(op, inputs)
@@ -671,6 +676,7 @@ class HypothesisTestCase(test_util.TestCase):
         """Runs ``op`` (after ``init_net`` if given) and calls ``validator`` with the inputs and
         outputs: as keyword arguments named after the blobs (``as_kwargs``; in-place ops are
         refused then) or as ``validator(inputs=..., outputs=...)``."""
+        __tracebackhide__ = True  # pytest shows the test and its reference, not this helper
         if as_kwargs:
             names = list(op.input) + list(op.output)
             assert len(set(names)) == len(names), "in-place ops are not supported in as_kwargs mode"
@@ -701,6 +707,7 @@ class HypothesisTestCase(test_util.TestCase):
     ):
         """Asserts that running ``op`` with ``inputs`` raises ``exception`` (with a message
         matching ``regexp`` if given)."""
+        __tracebackhide__ = True  # pytest shows the test and its reference, not this helper
         op = _placed(op, device_option)
         with temp_workspace():
             _feed_inputs(op, inputs, device_option, input_device_options)
