@@ -10,28 +10,11 @@ import math
 
 import numpy as np
 import pytest
+from op_runner import fresh_workspace, run  # noqa: F401  (autouse fixture)
 
 from ferrocaffe import core, workspace
 
 RNG = np.random.default_rng(15)
-
-
-@pytest.fixture(autouse=True)
-def fresh_workspace():
-    old = workspace.CurrentWorkspace()
-    workspace.SwitchWorkspace("test_ops_elementwise_suite", True)
-    workspace.ResetWorkspace()
-    yield
-    workspace.ResetWorkspace()
-    workspace.SwitchWorkspace(old)
-
-
-def run(op_type, inputs, outputs, **args):
-    """Feeds ``inputs`` (name -> array), runs one op, returns its outputs."""
-    for name, value in inputs.items():
-        workspace.FeedBlob(name, value)
-    workspace.RunOperatorOnce(core.CreateOperator(op_type, list(inputs), outputs, **args))
-    return [workspace.FetchBlob(o) for o in outputs]
 
 
 def _sigmoid(x):

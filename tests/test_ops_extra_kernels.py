@@ -7,29 +7,11 @@ input/output order, no gradient maker being registered for these types yet)."""
 
 import numpy as np
 import pytest
+from op_runner import fresh_workspace, run  # noqa: F401  (autouse fixture)
 
 from ferrocaffe import brew, core, gradient_checker, model_helper, optimizer, workspace
 
-
-@pytest.fixture(autouse=True)
-def fresh_workspace():
-    old = workspace.CurrentWorkspace()
-    workspace.SwitchWorkspace("test_ops_extra_kernels", True)
-    workspace.ResetWorkspace()
-    yield
-    workspace.ResetWorkspace()
-    workspace.SwitchWorkspace(old)
-
-
 RNG = np.random.default_rng(1234)
-
-
-def run(op_type, inputs, outputs, **args):
-    """Feeds ``inputs`` (name -> array), runs the op, returns the outputs."""
-    for name, value in inputs.items():
-        workspace.FeedBlob(name, value)
-    workspace.RunOperatorOnce(core.CreateOperator(op_type, list(inputs), outputs, **args))
-    return [workspace.FetchBlob(o) for o in outputs]
 
 
 def run_named(op_type, inputs, feeds, outputs, **args):

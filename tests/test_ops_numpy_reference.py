@@ -4,27 +4,9 @@ Caffe2's definitions (forward values, gradient ops run directly, shapes, dtypes,
 
 import numpy as np
 import pytest
+from op_runner import fresh_workspace, run  # noqa: F401  (autouse fixture)
 
 from ferrocaffe import core, workspace
-
-
-@pytest.fixture(autouse=True)
-def fresh_workspace():
-    old = workspace.CurrentWorkspace()
-    workspace.SwitchWorkspace("test_ops_numpy_reference", True)
-    workspace.ResetWorkspace()
-    yield
-    workspace.ResetWorkspace()
-    workspace.SwitchWorkspace(old)
-
-
-def run(op_type, inputs, outputs, **args):
-    """Feeds ``inputs`` (name -> array), runs one op, returns its outputs."""
-    for name, value in inputs.items():
-        workspace.FeedBlob(name, value)
-    workspace.RunOperatorOnce(core.CreateOperator(op_type, list(inputs), outputs, **args))
-    return [workspace.FetchBlob(o) for o in outputs]
-
 
 RNG = np.random.default_rng(11)
 

@@ -6,29 +6,11 @@ gradient checks of the differentiable ones are in tests/gradcheck_specs.py."""
 
 import numpy as np
 import pytest
+from op_runner import fresh_workspace, run  # noqa: F401  (autouse fixture)
 
 from ferrocaffe import core, workspace
 
-
-@pytest.fixture(autouse=True)
-def fresh_workspace():
-    old = workspace.CurrentWorkspace()
-    workspace.SwitchWorkspace("test_ops_reduce_suite", True)
-    workspace.ResetWorkspace()
-    yield
-    workspace.ResetWorkspace()
-    workspace.SwitchWorkspace(old)
-
-
 RNG = np.random.default_rng(7)
-
-
-def run(op_type, inputs, outputs, **args):
-    """Feeds ``inputs`` (name -> array), runs the op once, returns the outputs."""
-    for name, value in inputs.items():
-        workspace.FeedBlob(name, value)
-    workspace.RunOperatorOnce(core.CreateOperator(op_type, list(inputs), outputs, **args))
-    return [workspace.FetchBlob(o) for o in outputs]
 
 
 def x4():

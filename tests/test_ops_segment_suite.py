@@ -7,28 +7,11 @@ tests/gradcheck_specs.py."""
 
 import numpy as np
 import pytest
+from op_runner import fresh_workspace, run  # noqa: F401  (autouse fixture)
 
-from ferrocaffe import core, workspace
-
-
-@pytest.fixture(autouse=True)
-def fresh_workspace():
-    old = workspace.CurrentWorkspace()
-    workspace.SwitchWorkspace("test_ops_segment_suite", True)
-    workspace.ResetWorkspace()
-    yield
-    workspace.ResetWorkspace()
-    workspace.SwitchWorkspace(old)
-
+from ferrocaffe import core
 
 RNG = np.random.default_rng(11)
-
-
-def run(op_type, inputs, outputs, **args):
-    for name, value in inputs.items():
-        workspace.FeedBlob(name, value)
-    workspace.RunOperatorOnce(core.CreateOperator(op_type, list(inputs), outputs, **args))
-    return [workspace.FetchBlob(o) for o in outputs]
 
 
 def segment_ref(data, ids, reduce, rows=None):

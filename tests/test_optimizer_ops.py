@@ -6,24 +6,9 @@ import math
 
 import numpy as np
 import pytest
+from op_runner import fresh_workspace, run  # noqa: F401  (autouse fixture)
 
 from ferrocaffe import core, workspace
-
-
-@pytest.fixture(autouse=True)
-def fresh_workspace():
-    workspace.ResetWorkspace()
-    yield
-    workspace.ResetWorkspace()
-
-
-def run(op_type, inputs, outputs, **args):
-    """Feeds ``inputs`` (name -> array), runs the op once, returns its outputs."""
-    for name, value in inputs.items():
-        workspace.FeedBlob(name, value)
-    op = core.CreateOperator(op_type, list(inputs), outputs, **args)
-    workspace.RunOperatorOnce(op)
-    return [workspace.FetchBlob(o) for o in outputs]
 
 
 def f32(*shape, low=-1.0, high=1.0, seed=0):
