@@ -5,7 +5,7 @@ import pytest
 
 from ferrocaffe import context, core, workspace
 from ferrocaffe.net_builder import NetBuilder, ops
-from ferrocaffe.session import LocalSession
+from ferrocaffe.session import LocalSession, Session
 from ferrocaffe.task import Node, Task, TaskGroup, WorkspaceType, final_output
 
 
@@ -268,3 +268,11 @@ def test_reporter_step_runs_at_least_once_after_the_task():
     with LocalSession() as session:
         session.run(group)
         assert out.fetch() >= 1
+
+
+def test_the_base_session_leaves_fetching_and_running_to_its_subclasses():
+    base = Session()
+    with pytest.raises(NotImplementedError, match="Session does not implement fetch_output"):
+        base.fetch_output("x")
+    with pytest.raises(NotImplementedError, match="Session does not implement _run_compiled"):
+        base._run_compiled(None)

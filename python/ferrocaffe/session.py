@@ -89,11 +89,13 @@ class Session:
             self._do_close()
             self._open = False
 
+    # Deliberate, as in Caffe2: Session is a base class; LocalSession (below) and other
+    # sessions implement these two, and Caffe2 raised NotImplementedError for the base.
     def fetch_output(self, output):
-        raise NotImplementedError()
+        raise NotImplementedError(f"{type(self).__name__} does not implement fetch_output")
 
     def _run_compiled(self, task_group):
-        raise NotImplementedError()
+        raise NotImplementedError(f"{type(self).__name__} does not implement _run_compiled")
 
     @classmethod
     def _compile_task_group(cls, task_group, setup_net_list=None):

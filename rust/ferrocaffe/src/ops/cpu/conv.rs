@@ -3,7 +3,7 @@
 //!
 //! W is `[M, C/G, kH, kW]` (NCHW) or `[M, kH, kW, C/G]` (NHWC); the optional bias has M values.
 
-use super::conv_args::{Geometry, Order};
+use super::conv_args::{self, Geometry, Order};
 use super::conv_nd::{ConvNd, Dispatch, NdGeometry};
 use super::depthwise;
 pub(crate) use super::im2col::{col2im, im2col};
@@ -204,15 +204,7 @@ impl Conv {
         let x = ins.tensor(0)?;
         let w = ins.tensor(1)?;
         let d = self.dims(x.dims(), w.dims())?;
-        let bias = if ins.len() > 2 {
-            let b = ins.tensor(2)?.as_slice::<f32>()?;
-            if b.len() != d.m {
-                bail!(ShapeMismatch: "bias has {} values, expected {}", b.len(), d.m);
-            }
-            Some(b)
-        } else {
-            None
-        };
+        let bias = conv_args::bias(&ins, d.m)?;
         let (xs, ws) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
         let y_dims = self.g.dims(d.n, d.m, d.oh, d.ow);
         let y = outs.tensor(0)?.try_ensure::<f32>(&y_dims)?;

@@ -3,7 +3,7 @@
 //! `pads`, `dilation(s)`, `order`, `global_pooling`, for 2-d spatial data.
 
 use crate::error::Result;
-use crate::ops::operator::OpInit;
+use crate::ops::operator::{Inputs, OpInit};
 use crate::{bail, err};
 
 /// Memory layout of image tensors.
@@ -234,4 +234,16 @@ mod tests {
         let e = out_extent(2, 5, 1, 0, 0, 1).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::ShapeMismatch, "{e}");
     }
+}
+
+/// A convolution's optional bias (input 2), which must hold one value per output channel (`m`).
+pub fn bias<'s>(ins: &'s Inputs<'_, '_>, m: usize) -> Result<Option<&'s [f32]>> {
+    if ins.len() <= 2 {
+        return Ok(None);
+    }
+    let b = ins.tensor(2)?.as_slice::<f32>()?;
+    if b.len() != m {
+        bail!(ShapeMismatch: "bias has {} values, expected {m}", b.len());
+    }
+    Ok(Some(b))
 }

@@ -9,7 +9,7 @@
 //! falls in the padding); convolutions use it as a generic im2col before the products, pooling
 //! as the list of each output's window.
 
-use super::conv_args::{out_extent, Order};
+use super::conv_args::{self, out_extent, Order};
 use super::pool::{axis_windows, Win};
 use crate::blas::GemmContext;
 use crate::error::{try_vec, Result};
@@ -529,15 +529,7 @@ impl ConvNd {
         let x = ins.tensor(0)?;
         let w = ins.tensor(1)?;
         let r = self.plan(x.dims(), w.dims())?;
-        let bias = if ins.len() > 2 {
-            let b = ins.tensor(2)?.as_slice::<f32>()?;
-            if b.len() != r.m {
-                bail!(ShapeMismatch: "bias has {} values, expected {}", b.len(), r.m);
-            }
-            Some(b)
-        } else {
-            None
-        };
+        let bias = conv_args::bias(&ins, r.m)?;
         let (xs, ws) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
         let y_dims = self.g.join_dims(r.n, r.m, &r.out);
         let y = outs.tensor(0)?.try_ensure::<f32>(&y_dims)?;

@@ -7,7 +7,7 @@
 //! Groups are not supported: a `group` other than 1 is refused rather than ignored.
 
 use super::conv::{col2im, im2col, Dims};
-use super::conv_args::{Geometry, Order};
+use super::conv_args::{self, Geometry, Order};
 use crate::error::{try_vec, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
@@ -90,15 +90,7 @@ impl ConvTranspose {
         let w = ins.tensor(1)?;
         let d = self.dims(x.dims(), w.dims())?;
         let (n, cin, cout) = (d.n, d.m, d.c);
-        let bias = if ins.len() > 2 {
-            let b = ins.tensor(2)?.as_slice::<f32>()?;
-            if b.len() != cout {
-                bail!(ShapeMismatch: "bias has {} values, expected {cout}", b.len());
-            }
-            Some(b)
-        } else {
-            None
-        };
+        let bias = conv_args::bias(&ins, cout)?;
         let g = &self.g;
         let (xs, ws) = (x.as_slice::<f32>()?, w.as_slice::<f32>()?);
         let y_dims = g.dims(n, cout, d.h, d.w);
