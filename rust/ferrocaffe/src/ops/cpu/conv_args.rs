@@ -210,6 +210,18 @@ pub fn out_extent(inp: usize, k: usize, d: usize, p0: usize, p1: usize, s: usize
         .ok_or_else(|| err!(BadArgument: "output size overflows"))
 }
 
+/// A convolution's optional bias (input 2), which must hold one value per output channel (`m`).
+pub fn bias<'s>(ins: &'s Inputs<'_, '_>, m: usize) -> Result<Option<&'s [f32]>> {
+    if ins.len() <= 2 {
+        return Ok(None);
+    }
+    let b = ins.tensor(2)?.as_slice::<f32>()?;
+    if b.len() != m {
+        bail!(ShapeMismatch: "bias has {} values, expected {m}", b.len());
+    }
+    Ok(Some(b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,16 +246,4 @@ mod tests {
         let e = out_extent(2, 5, 1, 0, 0, 1).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::ShapeMismatch, "{e}");
     }
-}
-
-/// A convolution's optional bias (input 2), which must hold one value per output channel (`m`).
-pub fn bias<'s>(ins: &'s Inputs<'_, '_>, m: usize) -> Result<Option<&'s [f32]>> {
-    if ins.len() <= 2 {
-        return Ok(None);
-    }
-    let b = ins.tensor(2)?.as_slice::<f32>()?;
-    if b.len() != m {
-        bail!(ShapeMismatch: "bias has {} values, expected {m}", b.len());
-    }
-    Ok(Some(b))
 }
