@@ -33,6 +33,8 @@ pub use crate::threads::single_threaded;
 use crate::threads::{self, run_parts};
 pub use constant::{hold_constant, ConstantOperands};
 #[cfg(target_arch = "x86_64")]
+mod blocked;
+#[cfg(target_arch = "x86_64")]
 mod small;
 
 /// `cblas_sgemm`'s C signature (row/column order, transposes, sizes, leading dimensions),
@@ -82,6 +84,14 @@ struct Cblas {
 static CBLAS: OnceLock<Cblas> = OnceLock::new();
 static CBLAS_ENABLED: AtomicBool = AtomicBool::new(true);
 static SMALL_ENABLED: AtomicBool = AtomicBool::new(true);
+static BLOCKED_ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Turns this crate's blocked kernel for large products on or off (on by default; it only
+/// runs on CPUs with AVX2 and FMA and without AVX-512, see [`blocked`]). Off, those products
+/// run on the `gemm` crate (benchmarks compare the two).
+pub fn set_blocked_enabled(enabled: bool) {
+    BLOCKED_ENABLED.store(enabled, Ordering::Relaxed);
+}
 
 /// Turns the small-dimension kernels on or off (on by default; they only run on CPUs with
 /// AVX-512 or AVX2 with FMA).
@@ -99,6 +109,8 @@ pub struct GemmContext {
     pub cblas: bool,
     /// Use this crate's small-dimension kernels where they apply.
     pub small_kernels: bool,
+    /// Use this crate's blocked kernel for large products where it applies.
+    pub blocked: bool,
 }
 
 impl Default for GemmContext {
@@ -106,6 +118,7 @@ impl Default for GemmContext {
         GemmContext {
             cblas: true,
             small_kernels: true,
+            blocked: true,
         }
     }
 }
@@ -116,6 +129,7 @@ impl GemmContext {
         GemmContext {
             cblas: CBLAS_ENABLED.load(Ordering::Relaxed),
             small_kernels: SMALL_ENABLED.load(Ordering::Relaxed),
+            blocked: BLOCKED_ENABLED.load(Ordering::Relaxed),
         }
     }
 
@@ -342,9 +356,96 @@ impl GemmContext {
             small::sgemm(isa, trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
             return;
         }
+        if self.run_blocked(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, None) {
+            return;
+        }
         gemm_crate(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
     }
+
+    /// `C = op(A) op(B) + bias` with `bias` (`n` values) added to every row: a fully
+    /// connected layer. The blocked kernel adds the bias as it stores its first pass over `C`;
+    /// the other backends get `C` filled with the bias and then accumulate into it.
+    ///
+    /// # Panics
+    /// If a slice is shorter than its matrix, or the bias than `n` (callers check shapes
+    /// first).
+    #[allow(clippy::too_many_arguments)]
+    pub fn sgemm_bias(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[f32],
+        b: &[f32],
+        bias: &[f32],
+        c: &mut [f32],
+    ) {
+        assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n && bias.len() >= n);
+        if m == 0 || n == 0 {
+            return;
+        }
+        let bias = &bias[..n];
+        #[cfg(target_arch = "x86_64")]
+        let small = self.small_kernels(trans_a, trans_b, m, n, k).is_some();
+        #[cfg(not(target_arch = "x86_64"))]
+        let small = false;
+        let fused = self.cblas().is_none()
+            && !small
+            && self.run_blocked(trans_a, trans_b, m, n, k, 1.0, a, b, 0.0, c, Some(bias));
+        if fused {
+            return;
+        }
+        // The bias in every row (then C += op(A) op(B)), rows shared with the team.
+        let per = part_len(m, m * n) * n;
+        for_each_part(c[..m * n].chunks_mut(per).collect(), &|part| {
+            for row in part.chunks_mut(n) {
+                row.copy_from_slice(bias);
+            }
+        });
+        if k > 0 {
+            self.sgemm(trans_a, trans_b, m, n, k, 1.0, a, b, 1.0, c);
+        }
+    }
+
+    /// The product on the blocked kernel, if this context allows it and it applies there;
+    /// false (nothing done) otherwise.
+    #[allow(clippy::too_many_arguments)]
+    fn run_blocked(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        a: &[f32],
+        b: &[f32],
+        beta: f32,
+        c: &mut [f32],
+        bias: Option<&[f32]>,
+    ) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if self.blocked
+            && k > 0
+            && m.saturating_mul(n).saturating_mul(k) >= BLOCKED_MIN_MNK
+            && blocked::supported()
+        {
+            // SAFETY: the CPU has AVX2 and FMA (`supported`), the lengths were asserted by
+            // the callers and `k > 0`.
+            return unsafe {
+                blocked::sgemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, bias)
+            };
+        }
+        let _ = (trans_a, trans_b, m, n, k, alpha, a, b, beta, c, bias);
+        false
+    }
 }
+
+/// Products below this many multiply-adds run on the `gemm` crate even where the blocked
+/// kernel applies (packing a block costs more than it saves there).
+const BLOCKED_MIN_MNK: usize = 1 << 12;
 
 /// The `gemm` crate, single-threaded per call; products of at least [`SPLIT_MNK`] multiply-adds
 /// are cut in pieces of `C` (rows or columns, whichever is longer) run on this thread and the

@@ -91,25 +91,7 @@ impl Fc {
             b.as_slice::<f32>()?,
         );
         let y = outs.tensor(0)?.ensure::<f32>(&y_dims);
-        // The bias in every row (then Y += X W^T), rows shared with the GEMM helper thread.
-        let per = part_len(m, m * n) * n.max(1);
-        for_each_part(y.chunks_mut(per).collect(), &|part| {
-            for row in part.chunks_mut(n.max(1)) {
-                row.copy_from_slice(bs);
-            }
-        });
-        gemm.sgemm(
-            false,
-            !self.transposed,
-            m,
-            n,
-            k,
-            1.0,
-            xs,
-            ws,
-            if k == 0 { 0.0 } else { 1.0 },
-            y,
-        );
+        gemm.sgemm_bias(false, !self.transposed, m, n, k, xs, ws, bs, y);
         Ok(())
     }
 

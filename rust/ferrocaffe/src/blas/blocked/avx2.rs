@@ -1,0 +1,111 @@
+//! The `6 x 16` micro-kernel on AVX2 with FMA: twelve 8-lane accumulators (of the sixteen
+//! registers), two vectors of a packed `B` row and one broadcast element of packed `A` per
+//! step, so each step issues 12 FMAs against 2 loads and 6 broadcasts and the two FMA units
+//! stay busy. Each element of the tile is one FMA chain over the `kc` steps in order.
+
+use std::arch::x86_64::*;
+
+use super::{Epilogue, MR, NR};
+
+/// `C[0..rows, 0..cols] (row stride ldc) <- epilogue(A_panel B_panel)` for one `kc`-long
+/// panel pair: `a` holds `kc` groups of [`MR`] values (one per row), `b` holds `kc` rows of
+/// [`NR`] values.
+///
+/// # Safety
+/// AVX2 and FMA are available; `a` and `b` hold `kc * MR` and `kc * NR` values; `c` points at
+/// a block of `rows <= MR` rows and `cols <= NR` columns inside C (and `e.bias`, when set, at
+/// `cols` values) that no other thread touches meanwhile.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn tile(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+    e: &Epilogue,
+) {
+    // The tile of C is read or written at the end: start fetching it now (its rows are far
+    // apart, and a hardware prefetcher does not follow them).
+    for r in 0..rows {
+        // SAFETY: prefetching computes an address inside the block and reads nothing.
+        unsafe {
+            let row = c.add(r * ldc) as *const i8;
+            _mm_prefetch::<_MM_HINT_T0>(row);
+            _mm_prefetch::<_MM_HINT_T0>(row.add(4 * (cols - 1)));
+        }
+    }
+    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+    // One step: a row of the B panel against the MR values of the A panel.
+    let step = |acc: &mut [[__m256; 2]; MR], pa: *const f32, pb: *const f32| {
+        // SAFETY: the caller's `pa` and `pb` point at a step inside the panels.
+        unsafe {
+            let b0 = _mm256_loadu_ps(pb);
+            let b1 = _mm256_loadu_ps(pb.add(8));
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = _mm256_broadcast_ss(&*pa.add(r));
+                row[0] = _mm256_fmadd_ps(av, b0, row[0]);
+                row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+            }
+        }
+    };
+    // SAFETY (the loops): steps `0..kc`, inside both panels; the A panel (read from L2) is
+    // prefetched 16 steps ahead, which only computes addresses.
+    unsafe {
+        let (mut pa, mut pb) = (a, b);
+        for _ in 0..kc / 4 {
+            _mm_prefetch::<_MM_HINT_T0>(pa.wrapping_add(16 * MR) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(pa.wrapping_add(16 * MR + 16) as *const i8);
+            step(&mut acc, pa, pb);
+            step(&mut acc, pa.add(MR), pb.add(NR));
+            step(&mut acc, pa.add(2 * MR), pb.add(2 * NR));
+            step(&mut acc, pa.add(3 * MR), pb.add(3 * NR));
+            pa = pa.add(4 * MR);
+            pb = pb.add(4 * NR);
+        }
+        for _ in 0..kc % 4 {
+            step(&mut acc, pa, pb);
+            pa = pa.add(MR);
+            pb = pb.add(NR);
+        }
+    }
+    let alpha = _mm256_set1_ps(e.alpha);
+    if rows == MR && cols == NR {
+        for (r, row) in acc.iter().enumerate() {
+            for (h, v) in row.iter().enumerate() {
+                // SAFETY: a full tile, in bounds as the caller says.
+                unsafe {
+                    let dst = c.add(r * ldc + h * 8);
+                    let mut out = _mm256_mul_ps(alpha, *v);
+                    if e.accumulate {
+                        out = _mm256_add_ps(out, _mm256_loadu_ps(dst));
+                    } else if e.beta != 0.0 {
+                        out = _mm256_fmadd_ps(_mm256_set1_ps(e.beta), _mm256_loadu_ps(dst), out);
+                    }
+                    if !e.accumulate && !e.bias.is_null() {
+                        out = _mm256_add_ps(out, _mm256_loadu_ps(e.bias.add(h * 8)));
+                    }
+                    _mm256_storeu_ps(dst, out);
+                }
+            }
+        }
+        return;
+    }
+    // An edge tile: through a buffer, then only the elements inside C.
+    let mut buf = [[0.0f32; NR]; MR];
+    for (r, row) in acc.iter().enumerate() {
+        // SAFETY: two 8-lane stores into a 16-float row.
+        unsafe {
+            _mm256_storeu_ps(buf[r].as_mut_ptr(), row[0]);
+            _mm256_storeu_ps(buf[r].as_mut_ptr().add(8), row[1]);
+        }
+    }
+    for (r, row) in buf.iter().enumerate().take(rows) {
+        for (j, v) in row.iter().enumerate().take(cols) {
+            // SAFETY: `r < rows`, `j < cols`, inside the block.
+            unsafe { e.store(c.add(r * ldc + j), j, *v) };
+        }
+    }
+}

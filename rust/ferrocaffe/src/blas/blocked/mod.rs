@@ -1,0 +1,454 @@
+//! This crate's own cache-blocked GEMM for products too large for the small-dimension kernels
+//! ([`super::small`]), on AVX2 with FMA: FC and MatMul layers, convolutions' im2col products.
+//!
+//! Why not only the `gemm` crate: its kernels are as fast as OpenBLAS's on one thread, but
+//! it packs (copies into its kernel's layout) the operands of every call it is given, so a
+//! product split across threads as independent calls packs the operand it does not split
+//! once per thread. That cost grows with the thread count and is what left FC behind
+//! numpy's OpenBLAS on two cores. Here one product is one job for the team of compute threads
+//! ([`crate::threads`]), and every block of either operand is packed once, by whichever
+//! thread needs it first:
+//!
+//! - `C` is cut in tiles of `mc x nc` ([`Plan`]), taken by the threads as they go; a tile
+//!   runs over the inner dimension in chunks of `kc`, each a pass of the [`avx2`] micro-kernel
+//!   over `MR x NR` sub-tiles (the classic blocking: a `kc x NR` panel of `B` stays in L1, the
+//!   `mc x kc` block of `A` in L2, the `kc x nc` block of `B` in the shared cache);
+//! - the packed blocks live in one buffer of the calling thread (kept between calls up to
+//!   [`KEEP`]); each block is cut in slices of a few panels with an atomic state (to pack,
+//!   being packed, packed). A thread that needs a block packs the slices nobody has taken,
+//!   then waits for the ones other threads are packing: every thread that waits waits for a
+//!   thread that is running, so no barrier is needed and a late or absent helper costs
+//!   nothing (the caller alone runs every tile when the team is busy).
+//!
+//! Each element of `C` is the same sequence of FMA chains (one per `kc` chunk, in order)
+//! whatever the tiling or the thread count, so results do not depend on either.
+//! On CPUs with AVX-512 the `gemm` crate's wider kernels run instead (this machine has no
+//! AVX-512 to measure a kernel for it here).
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
+
+use crate::threads::{self, run_parts};
+
+mod avx2;
+mod pack;
+
+/// Rows of a micro-tile.
+pub(super) const MR: usize = 6;
+/// Columns of a micro-tile (two 8-lane vectors).
+pub(super) const NR: usize = 16;
+/// Largest chunk of the inner dimension: a `KC x NR` panel of `B` (16 KiB) fits L1.
+const KC: usize = 256;
+/// Largest tile height: a `MC x KC` block of `A` (144 KiB) fits L2.
+const MC: usize = 144;
+/// Largest tile width: a `KC x NC` block of `B` (2 MiB) fits a share of the L3.
+const NC: usize = 2048;
+/// Panels per packing slice, for `A` and `B`: the unit threads share the packing in.
+const A_SLICE: usize = 4;
+const B_SLICE: usize = 8;
+/// Products of at least this many multiply-adds are cut in tiles for the team.
+const PARALLEL_MNK: usize = 1 << 18;
+/// Tiles per thread aimed at when cutting (so that a slower thread leaves little to wait for).
+const TILES_PER_THREAD: usize = 3;
+/// The packed operands of one product may take at most this many floats (128 MiB); larger
+/// products run on the `gemm` crate, which packs a block at a time.
+const MAX_PACKED: usize = 1 << 25;
+/// The calling thread keeps its packing buffer between products up to this many floats
+/// (32 MiB: two 2048 x 2048 operands); a larger one is freed after the product.
+const KEEP: usize = 1 << 23;
+
+/// Whether this CPU runs the blocked kernel: AVX2 and FMA, and not AVX-512 (see the module
+/// docs).
+pub(super) fn supported() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && !std::arch::is_x86_feature_detected!("avx512f")
+    })
+}
+
+/// A matrix as (first element, row stride, column stride) of its `op()` view.
+pub(super) struct View {
+    pub(super) ptr: *const f32,
+    pub(super) rs: isize,
+    pub(super) cs: isize,
+}
+
+impl View {
+    /// Element `(i, j)`.
+    ///
+    /// # Safety
+    /// `(i, j)` lies inside the matrix.
+    pub(super) unsafe fn at(&self, i: usize, j: usize) -> *const f32 {
+        // SAFETY: as the caller says.
+        unsafe { self.ptr.offset(i as isize * self.rs + j as isize * self.cs) }
+    }
+}
+
+/// What a micro-tile does with its products: the first `kc` chunk stores
+/// `alpha * AB + beta * C + bias` (`beta == 0` does not read `C`), later chunks add
+/// `alpha * AB` to `C`.
+pub(super) struct Epilogue {
+    pub(super) alpha: f32,
+    pub(super) beta: f32,
+    pub(super) accumulate: bool,
+    /// The bias of the tile's first column (one value per column of `C`), or null.
+    pub(super) bias: *const f32,
+}
+
+impl Epilogue {
+    /// Stores `v` (the product for column `j` of the tile) at `dst`, as the vector path does.
+    ///
+    /// # Safety
+    /// `dst` is an element of `C` no other thread touches; the bias has column `j`.
+    pub(super) unsafe fn store(&self, dst: *mut f32, j: usize, v: f32) {
+        let mut out = self.alpha * v;
+        // SAFETY: as the caller says.
+        unsafe {
+            if self.accumulate {
+                out += *dst;
+            } else {
+                if self.beta != 0.0 {
+                    out = self.beta.mul_add(*dst, out);
+                }
+                if !self.bias.is_null() {
+                    out += *self.bias.add(j);
+                }
+            }
+            *dst = out;
+        }
+    }
+}
+
+/// How one product is cut: tiles of `mc x nc`, inner chunks of `kc` (the last of each
+/// shorter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Plan {
+    m: usize,
+    n: usize,
+    k: usize,
+    mc: usize,
+    nc: usize,
+    kc: usize,
+    mb: usize,
+    nb: usize,
+    kb: usize,
+}
+
+impl Plan {
+    fn new(m: usize, n: usize, k: usize, threads: usize) -> Plan {
+        let kb = k.div_ceil(KC).max(1);
+        let kc = k.div_ceil(kb).max(1);
+        let (mut mb, mut nb) = (m.div_ceil(MC), n.div_ceil(NC));
+        let parallel = m.saturating_mul(n).saturating_mul(k) >= PARALLEL_MNK;
+        let target = if parallel {
+            threads.saturating_mul(TILES_PER_THREAD)
+        } else {
+            1
+        };
+        // Cut the longer side of the tiles until there are enough for the team.
+        while mb * nb < target {
+            let (h, w) = (m.div_ceil(mb), n.div_ceil(nb));
+            if h >= w && h > 2 * MR {
+                mb += 1;
+            } else if w > 2 * NR {
+                nb += 1;
+            } else if h > 2 * MR {
+                mb += 1;
+            } else {
+                break;
+            }
+        }
+        let mc = m.div_ceil(mb).next_multiple_of(MR);
+        let nc = n.div_ceil(nb).next_multiple_of(NR);
+        Plan {
+            m,
+            n,
+            k,
+            mc,
+            nc,
+            kc,
+            mb: m.div_ceil(mc),
+            nb: n.div_ceil(nc),
+            kb,
+        }
+    }
+
+    /// Rows of tile row `ib`, padded to whole panels.
+    fn padded_rows(&self, ib: usize) -> usize {
+        (self.m - ib * self.mc).min(self.mc).next_multiple_of(MR)
+    }
+
+    /// Columns of tile column `jb`, padded to whole panels.
+    fn padded_cols(&self, jb: usize) -> usize {
+        (self.n - jb * self.nc).min(self.nc).next_multiple_of(NR)
+    }
+
+    /// The inner chunk `pb`: its first index and length.
+    fn chunk(&self, pb: usize) -> (usize, usize) {
+        let p0 = pb * self.kc;
+        (p0, (self.k - p0).min(self.kc))
+    }
+
+    /// Floats of the packed `A` (all tile rows) and `B` (all tile columns).
+    fn packed_lens(&self) -> Option<(usize, usize)> {
+        let a = self.mb.checked_mul(self.mc)?.checked_mul(self.k)?;
+        let b = self.nb.checked_mul(self.nc)?.checked_mul(self.k)?;
+        Some((a, b))
+    }
+
+    /// Slices per packed block of `A` and of `B`, at most.
+    fn slices(&self) -> (usize, usize) {
+        (
+            (self.mc / MR).div_ceil(A_SLICE),
+            (self.nc / NR).div_ceil(B_SLICE),
+        )
+    }
+}
+
+thread_local! {
+    /// The calling thread's packing buffer, kept between products (up to [`KEEP`]).
+    static BUFFER: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Slice states.
+const TO_PACK: u8 = 0;
+const PACKING: u8 = 1;
+const PACKED: u8 = 2;
+
+/// One product as the threads share it.
+struct Job {
+    plan: Plan,
+    a: View,
+    b: View,
+    c: *mut f32,
+    alpha: f32,
+    beta: f32,
+    bias: *const f32,
+    packed_a: *mut f32,
+    packed_b: *mut f32,
+    a_state: Vec<AtomicU8>,
+    b_state: Vec<AtomicU8>,
+}
+
+// SAFETY: the threads read A, B and the bias, write disjoint tiles of C, and write each
+// packed slice once (claimed through its state) before anyone reads it (published through
+// the same state).
+unsafe impl Sync for Job {}
+
+impl Job {
+    /// Packs (or waits for) block `(ib, pb)` of `A`; returns its start.
+    fn a_block(&self, ib: usize, pb: usize) -> *const f32 {
+        let p = &self.plan;
+        let (p0, kc) = p.chunk(pb);
+        let rows = p.padded_rows(ib);
+        // SAFETY: blocks of tile row `ib` start at `ib * mc * k` and follow each other in
+        // chunk order, `rows * kc` each: inside the buffer sized by `packed_lens`.
+        let start = unsafe { self.packed_a.add(ib * p.mc * p.k + p0 * rows) };
+        let per = p.slices().0;
+        let states = &self.a_state[(ib * p.kb + pb) * per..][..per];
+        let panels = rows / MR;
+        share_packing(states, panels, A_SLICE, |range| {
+            // SAFETY: a claimed slice of this block; rows below `m` lie in A.
+            unsafe { pack::a_panels(&self.a, p.m, ib * p.mc, p0, kc, range, start) }
+        });
+        start
+    }
+
+    /// Packs (or waits for) block `(pb, jb)` of `B`; returns its start.
+    fn b_block(&self, pb: usize, jb: usize) -> *const f32 {
+        let p = &self.plan;
+        let (p0, kc) = p.chunk(pb);
+        let cols = p.padded_cols(jb);
+        // SAFETY: as `a_block`, by tile column.
+        let start = unsafe { self.packed_b.add(jb * p.nc * p.k + p0 * cols) };
+        let per = p.slices().1;
+        let states = &self.b_state[(jb * p.kb + pb) * per..][..per];
+        let panels = cols / NR;
+        share_packing(states, panels, B_SLICE, |range| {
+            // SAFETY: a claimed slice of this block; columns below `n` lie in B.
+            unsafe { pack::b_panels(&self.b, p.n, jb * p.nc, p0, kc, range, start) }
+        });
+        start
+    }
+
+    /// Tile `t` of `C` (column-major over tiles, so that consecutive tiles share a block of
+    /// `B`).
+    fn tile(&self, t: usize) {
+        let p = &self.plan;
+        let (ib, jb) = (t % p.mb, t / p.mb);
+        let (i0, j0) = (ib * p.mc, jb * p.nc);
+        let (rows, cols) = ((p.m - i0).min(p.mc), (p.n - j0).min(p.nc));
+        let ldc = p.n;
+        for pb in 0..p.kb {
+            let kc = p.chunk(pb).1;
+            let a = self.a_block(ib, pb);
+            let b = self.b_block(pb, jb);
+            for jr in (0..cols).step_by(NR) {
+                let e = Epilogue {
+                    alpha: self.alpha,
+                    beta: self.beta,
+                    accumulate: pb > 0,
+                    // SAFETY: column `j0 + jr < n` of the bias (n values).
+                    bias: if self.bias.is_null() {
+                        self.bias
+                    } else {
+                        unsafe { self.bias.add(j0 + jr) }
+                    },
+                };
+                for ir in (0..rows).step_by(MR) {
+                    // SAFETY: panels `ir / MR` and `jr / NR` of the packed blocks; the
+                    // sub-tile lies in this tile of C, which only this thread writes.
+                    unsafe {
+                        avx2::tile(
+                            kc,
+                            a.add(ir * kc),
+                            b.add(jr * kc),
+                            self.c.add((i0 + ir) * ldc + j0 + jr),
+                            ldc,
+                            (rows - ir).min(MR),
+                            (cols - jr).min(NR),
+                            &e,
+                        )
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// Packs the slices of one block nobody has claimed (`pack` gets a range of panels), then
+/// waits for the rest.
+fn share_packing(
+    states: &[AtomicU8],
+    panels: usize,
+    per_slice: usize,
+    pack: impl Fn(std::ops::Range<usize>),
+) {
+    let slices = panels.div_ceil(per_slice);
+    let mut done = true;
+    for (s, state) in states.iter().enumerate().take(slices) {
+        if state.load(Ordering::Acquire) == PACKED {
+            continue;
+        }
+        if state
+            .compare_exchange(TO_PACK, PACKING, Ordering::Acquire, Ordering::Acquire)
+            .is_ok()
+        {
+            pack(s * per_slice..((s + 1) * per_slice).min(panels));
+            state.store(PACKED, Ordering::Release);
+        } else {
+            done = false;
+        }
+    }
+    if done {
+        return;
+    }
+    for state in states.iter().take(slices) {
+        let mut spins = 0u32;
+        while state.load(Ordering::Acquire) != PACKED {
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(1024) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+/// `C = alpha op(A) op(B) + beta C (+ bias in every row)` on the blocked kernel, when it
+/// applies ([`supported`], and the packed operands within [`MAX_PACKED`] and allocatable);
+/// returns false, having done nothing, when it does not.
+///
+/// # Safety
+/// AVX2 and FMA are available ([`supported`]); `a`, `b`, `c` (and `bias`, `n` values) hold
+/// the matrices of these sizes; `k > 0`.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn sgemm(
+    trans_a: bool,
+    trans_b: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+    bias: Option<&[f32]>,
+) -> bool {
+    let plan = Plan::new(m, n, k, threads::num_threads());
+    let Some((a_len, b_len)) = plan.packed_lens() else {
+        return false;
+    };
+    let Some(total) = a_len.checked_add(b_len).filter(|&t| t <= MAX_PACKED) else {
+        return false;
+    };
+    // `op(X)` of `rows x cols`: X itself is `cols x rows` when transposed.
+    let view = |p: &[f32], trans: bool, rows: usize, cols: usize| {
+        if trans {
+            View {
+                ptr: p.as_ptr(),
+                rs: 1,
+                cs: rows as isize,
+            }
+        } else {
+            View {
+                ptr: p.as_ptr(),
+                rs: cols as isize,
+                cs: 1,
+            }
+        }
+    };
+    let (per_a, per_b) = plan.slices();
+    let c = c.as_mut_ptr();
+    let states = |len: usize| (0..len).map(|_| AtomicU8::new(TO_PACK)).collect::<Vec<_>>();
+    let run = |buf: &mut Vec<f32>| -> bool {
+        // 16 spare floats to start the packed blocks on a 64-byte line.
+        let want = total + 16;
+        if buf.len() < want {
+            buf.clear();
+            if buf.try_reserve_exact(want).is_err() {
+                return false;
+            }
+            buf.resize(want, 0.0);
+        }
+        let align = buf.as_ptr().align_offset(64).min(16);
+        let packed_a = buf[align..].as_mut_ptr();
+        // SAFETY: `a_len + b_len` floats follow the aligned start.
+        let packed_b = unsafe { packed_a.add(a_len) };
+        let job = Job {
+            plan,
+            a: view(a, trans_a, m, k),
+            b: view(b, trans_b, k, n),
+            c,
+            alpha,
+            beta,
+            bias: bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
+            packed_a,
+            packed_b,
+            a_state: states(plan.mb * plan.kb * per_a),
+            b_state: states(plan.nb * plan.kb * per_b),
+        };
+        run_parts(plan.mb * plan.nb, &|t| job.tile(t));
+        true
+    };
+    BUFFER.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            let ok = run(&mut buf);
+            if buf.capacity() > KEEP {
+                *buf = Vec::new();
+            }
+            ok
+        }
+        // Not expected (a product does not start another on the same thread), but a
+        // buffer of its own is correct either way.
+        Err(_) => run(&mut Vec::new()),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,152 @@
+use super::*;
+use crate::blas::tests::naive;
+
+fn data(len: usize, seed: f32) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i as f32 + seed) * 0.618).sin())
+        .collect()
+}
+
+/// Runs the blocked kernel (which must apply) and checks it against float64.
+#[allow(clippy::too_many_arguments)]
+fn check(ta: bool, tb: bool, m: usize, n: usize, k: usize, alpha: f32, beta: f32, bias: bool) {
+    let a = data(m * k, 1.0);
+    let b = data(k * n, 2.0);
+    let c0 = data(m * n, 3.0);
+    let bv = data(n, 4.0);
+    let mut c = c0.clone();
+    // SAFETY: the test only runs where `supported()`, with matrices of these sizes.
+    let ran = unsafe {
+        sgemm(
+            ta,
+            tb,
+            m,
+            n,
+            k,
+            alpha,
+            &a,
+            &b,
+            beta,
+            &mut c,
+            bias.then_some(&bv[..]),
+        )
+    };
+    assert!(ran, "{m}x{n}x{k} did not run on the blocked kernel");
+    let ab = naive(ta, tb, m, n, k, &a, &b);
+    for i in 0..m {
+        for j in 0..n {
+            let mut want = alpha as f64 * ab[i * n + j] + beta as f64 * c0[i * n + j] as f64;
+            if bias {
+                want += bv[j] as f64;
+            }
+            let got = c[i * n + j] as f64;
+            let tol = 1e-5 * (k as f64).sqrt() * (1.0 + want.abs());
+            assert!(
+                (got - want).abs() <= tol,
+                "{ta} {tb} {m}x{n}x{k} alpha {alpha} beta {beta} bias {bias}: \
+                 C[{i}][{j}] = {got}, want {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn matches_float64_for_every_transpose_and_edge() {
+    if !supported() {
+        return;
+    }
+    // Edges of every kind: rows and columns not multiples of the micro-tile, inner sizes
+    // below, at and above one chunk (KC), tiles cut for the team.
+    for &(m, n, k) in &[
+        (1, 1, 4096),
+        (7, 17, 300),
+        (6, 16, 256),
+        (13, 33, 257),
+        (150, 70, 513),
+        (97, 301, 64),
+        (256, 256, 256),
+    ] {
+        for ta in [false, true] {
+            for tb in [false, true] {
+                check(ta, tb, m, n, k, 1.0, 0.0, false);
+            }
+        }
+    }
+}
+
+#[test]
+fn alpha_beta_and_bias() {
+    if !supported() {
+        return;
+    }
+    for &(alpha, beta, bias) in &[
+        (1.0, 1.0, false),
+        (0.5, -2.0, false),
+        (1.0, 0.0, true),
+        (2.0, 0.5, true),
+    ] {
+        check(false, true, 37, 45, 600, alpha, beta, bias);
+        check(true, false, 130, 20, 70, alpha, beta, bias);
+    }
+}
+
+#[test]
+fn beta_zero_overwrites_nan() {
+    if !supported() {
+        return;
+    }
+    let (m, n, k) = (20, 40, 30);
+    let a = data(m * k, 1.0);
+    let b = data(k * n, 2.0);
+    let mut c = vec![f32::NAN; m * n];
+    // SAFETY: as in `check`.
+    assert!(unsafe { sgemm(false, false, m, n, k, 1.0, &a, &b, 0.0, &mut c, None) });
+    assert!(c.iter().all(|v| v.is_finite()));
+}
+
+#[test]
+fn results_do_not_depend_on_the_threads() {
+    if !supported() {
+        return;
+    }
+    let (m, n, k) = (300, 200, 700);
+    let a = data(m * k, 1.0);
+    let b = data(k * n, 2.0);
+    let mut team = vec![0.0; m * n];
+    let mut solo = vec![0.0; m * n];
+    // SAFETY: as in `check`.
+    unsafe {
+        assert!(sgemm(
+            false, true, m, n, k, 1.0, &a, &b, 0.0, &mut team, None
+        ));
+        crate::threads::single_threaded(|| {
+            assert!(sgemm(
+                false, true, m, n, k, 1.0, &a, &b, 0.0, &mut solo, None
+            ))
+        });
+    }
+    assert_eq!(team, solo);
+}
+
+#[test]
+fn plans_cover_the_product_and_cut_it_for_the_team() {
+    for &(m, n, k, threads) in &[
+        (1024, 1024, 1024, 2),
+        (256, 256, 256, 2),
+        (64, 4096, 512, 16),
+        (5000, 3, 10, 4),
+        (1, 1, 1, 8),
+    ] {
+        let p = Plan::new(m, n, k, threads);
+        assert!(p.mb * p.mc >= m && (p.mb - 1) * p.mc < m, "{p:?}");
+        assert!(p.nb * p.nc >= n && (p.nb - 1) * p.nc < n, "{p:?}");
+        assert!(p.kb * p.kc >= k && p.kc <= KC, "{p:?}");
+        assert!(p.mc.is_multiple_of(MR) && p.nc.is_multiple_of(NR));
+        if m * n * k >= PARALLEL_MNK && m > 4 * MR {
+            assert!(
+                p.mb * p.nb >= threads,
+                "{p:?} has too few tiles for {threads} threads"
+            );
+        }
+    }
+}
