@@ -18,6 +18,9 @@ floor its convolutions' FLOPs would take at this machine's sgemm rate.
 (the Winograd rules), their runs interleaved (medians of ``--runs`` rounds, each net once per
 round), and prints the ratio of the two.
 
+``--ab-blocked`` does the same with ferrocaffe's blocked GEMM kernel switched off (the
+``gemm`` crate runs the large products) and on, on one net.
+
 ``--profile`` also prints, per model, the time of each op type (each op run alone as a one-op
 net, in order, on the workspace the full run left behind) and their share of the total.
 
@@ -155,6 +158,32 @@ def ab_winograd(case: dict, runs: int) -> tuple[float, float]:
     return off, on
 
 
+def ab_blocked(case: dict, runs: int) -> tuple[float, float]:
+    """Medians of interleaved runs of the predict net on the ``gemm`` crate and on the
+    blocked kernel (``ferrocaffe.blas.use_blocked``)."""
+    from ferrocaffe import blas
+
+    workspace.ResetWorkspace()
+    init, pred = _net(case["init_net_b64"]), _net(case["predict_net_b64"])
+    workspace.RunNetOnce(init)
+    for name, value in _inputs(case):
+        workspace.FeedBlob(name, value)
+    workspace.CreateNet(pred, overwrite=True)
+    times = {False: [], True: []}
+    try:
+        for _ in range(3):
+            workspace.RunNet(pred.name)
+        for _ in range(runs):
+            for blocked in (False, True):
+                blas.use_blocked(blocked)
+                t0 = time.perf_counter()
+                workspace.RunNet(pred.name)
+                times[blocked].append(time.perf_counter() - t0)
+    finally:
+        blas.use_blocked(True)
+    return float(np.median(times[False])), float(np.median(times[True]))
+
+
 def profile(pred: caffe2_pb2.NetDef, runs: int) -> dict[str, float]:
     """Seconds per op type, each op run alone as a one-op net (median of ``runs``)."""
     per_type: dict[str, float] = defaultdict(float)
@@ -222,6 +251,7 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="time per op type")
     ap.add_argument("--train", action="store_true", help="ResNet block training step too")
     ap.add_argument("--ab-winograd", action="store_true", help="Winograd off/on, interleaved")
+    ap.add_argument("--ab-blocked", action="store_true", help="blocked GEMM off/on, interleaved")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--trials", type=int, default=3)
     args = ap.parse_args()
@@ -230,13 +260,18 @@ def main() -> int:
     if args.models:
         wanted = args.models.split(",")
         cases = [c for c in cases if any(w in c["name"] for w in wanted)]
-    if args.ab_winograd:
+    if args.ab_winograd or args.ab_blocked:
+        ab, (a_name, b_name) = (
+            (ab_winograd, ("im2col", "winograd"))
+            if args.ab_winograd
+            else (ab_blocked, ("gemm-crate", "blocked"))
+        )
         ratios = []
         for case in cases:
-            off, on = ab_winograd(case, args.runs)
+            off, on = ab(case, args.runs)
             ratios.append(off / on)
             print(
-                f"{case['name']:42s} im2col {off * 1e3:8.3f} ms  winograd {on * 1e3:8.3f} ms  "
+                f"{case['name']:42s} {a_name} {off * 1e3:8.3f} ms  {b_name} {on * 1e3:8.3f} ms  "
                 f"x{off / on:5.2f}",
                 flush=True,
             )

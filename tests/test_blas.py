@@ -45,18 +45,29 @@ def restore_backend():
     yield bundled
     blas.use_cblas(before != "gemm")
     blas.use_small_kernels(True)
+    blas.use_blocked(True)
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 5, 7), (64, 300, 33), (257, 129, 65)])
+# (257, 129, 65) and (300, 520, 190) are large enough for the blocked kernel (with a
+# bias fused into it), and not multiples of its tiles.
+@pytest.mark.parametrize(
+    "m,k,n", [(1, 1, 1), (3, 5, 7), (64, 300, 33), (257, 129, 65), (300, 520, 190)]
+)
 def test_both_backends_match_numpy(m, k, n, restore_backend):
     rng = np.random.RandomState(m + k + n)
     x = rng.randn(m, k).astype(np.float32)
     w = rng.randn(n, k).astype(np.float32)
     b = rng.randn(n).astype(np.float32)
     want = x.astype(np.float64) @ w.T.astype(np.float64) + b
-    for enabled, small in ((True, True), (False, True), (False, False)):
+    for enabled, small, blocked in (
+        (True, True, True),
+        (False, True, True),
+        (False, False, True),
+        (False, True, False),
+    ):
         blas.use_cblas(enabled)
         blas.use_small_kernels(small)
+        blas.use_blocked(blocked)
         np.testing.assert_allclose(_run_fc(x, w, b), want, rtol=1e-4, atol=1e-4)
         for ta in (False, True):
             for tb in (False, True):
@@ -65,6 +76,26 @@ def test_both_backends_match_numpy(m, k, n, restore_backend):
                 np.testing.assert_allclose(
                     _run_matmul(a, bb, ta, tb), x @ w.T, rtol=1e-4, atol=1e-4
                 )
+
+
+def test_fc_bias_is_added_once_whatever_the_kernel(restore_backend):
+    """The blocked kernel adds FC's bias as it stores; the others accumulate into rows filled
+    with it. Both must give X W^T + b, also with NaNs left in the output blob before."""
+    rng = np.random.RandomState(7)
+    x = rng.randn(130, 700).astype(np.float32)
+    w = rng.randn(90, 700).astype(np.float32)
+    b = rng.randn(90).astype(np.float32)
+    want = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    blas.use_cblas(False)
+    for blocked in (True, False):
+        blas.use_blocked(blocked)
+        workspace.ResetWorkspace()
+        workspace.FeedBlob("y", np.full((130, 90), np.nan, np.float32))
+        for k, v in dict(x=x, w=w, b=b).items():
+            workspace.FeedBlob(k, v)
+        op = caffe2_pb2.OperatorDef(type="FC", input=["x", "w", "b"], output=["y"])
+        workspace.RunOperatorOnce(op)
+        np.testing.assert_allclose(workspace.FetchBlob("y"), want, rtol=1e-4, atol=1e-3)
 
 
 def test_switching_off_names_gemm(restore_backend):

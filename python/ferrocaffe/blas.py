@@ -5,8 +5,9 @@ single-precision GEMM. ``import ferrocaffe`` picks the backend:
 
 - ``FERROCAFFE_BLAS`` unset, or ``gemm``: ferrocaffe's own (``backend() == 'gemm'``):
   products with one small dimension (an RNN step's batch, a weight gradient summed over a
-  batch) on its AVX-512/AVX2 kernels, which read the large operand in place, the rest on the
-  pure-Rust ``gemm`` crate; products above a megaflop are shared out to one team of compute
+  batch) on its AVX-512/AVX2 kernels, which read the large operand in place; the rest on its
+  cache-blocked AVX2 kernel (CPUs with AVX2 and without AVX-512: the operands of a product
+  packed once and shared by the threads) or else the pure-Rust ``gemm`` crate; products above a megaflop are shared out to one team of compute
   threads (``num_threads()``: the machine's cores, ``FERROCAFFE_NUM_THREADS=n`` caps it), which
   convolutions, pooling and element-wise work use too;
 - ``FERROCAFFE_BLAS=numpy``: the OpenBLAS that numpy's wheels bundle (``numpy.libs``), or else
@@ -25,7 +26,15 @@ import os
 
 from ferrocaffe import _native
 
-__all__ = ["autoload", "backend", "load", "num_threads", "use_cblas", "use_small_kernels"]
+__all__ = [
+    "autoload",
+    "backend",
+    "load",
+    "num_threads",
+    "use_blocked",
+    "use_cblas",
+    "use_small_kernels",
+]
 
 
 def load(path):
@@ -42,6 +51,13 @@ def use_small_kernels(enabled):
     """Turns ferrocaffe's own kernels for products with one small dimension (RNN steps, batch
     weight gradients; x86-64 CPUs with AVX-512 or AVX2) on or off; they are on by default."""
     _native.blas_set_small_kernels(bool(enabled))
+
+
+def use_blocked(enabled):
+    """Turns ferrocaffe's own blocked kernel for large products (FC, MatMul, convolutions;
+    x86-64 CPUs with AVX2 and without AVX-512) on or off; it is on by default, and off the
+    ``gemm`` crate runs those products."""
+    _native.blas_set_blocked(bool(enabled))
 
 
 def num_threads():

@@ -28,6 +28,14 @@ fn blas_set_small_kernels(enabled: bool) -> PyResult<()> {
     })
 }
 
+/// Turns the blocked AVX2 kernel for large products on or off.
+#[pyfunction]
+fn blas_set_blocked(enabled: bool) -> PyResult<()> {
+    guard_ok("blas_set_blocked", || {
+        ferrocaffe::blas::set_blocked_enabled(enabled);
+    })
+}
+
 /// `"cblas:<path>"` or `"gemm"`.
 #[pyfunction]
 fn blas_backend() -> PyResult<String> {
@@ -45,6 +53,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(blas_set_enabled, m)?)?;
     m.add_function(wrap_pyfunction!(blas_backend, m)?)?;
     m.add_function(wrap_pyfunction!(blas_set_small_kernels, m)?)?;
+    m.add_function(wrap_pyfunction!(blas_set_blocked, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     Ok(())
 }

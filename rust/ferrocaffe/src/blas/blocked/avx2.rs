@@ -8,18 +8,20 @@ use std::arch::x86_64::*;
 use super::{Epilogue, MR, NR};
 
 /// `C[0..rows, 0..cols] (row stride ldc) <- epilogue(A_panel B_panel)` for one `kc`-long
-/// panel pair: `a` holds `kc` groups of [`MR`] values (one per row), `b` holds `kc` rows of
-/// [`NR`] values.
+/// panel pair: `b` holds `kc` rows of [`NR`] values; `a` holds `kc` groups of [`MR`] values
+/// (one per row) when `PACKED`, else it is [`MR`] rows of `A` itself, `lda` apart, `kc`
+/// contiguous values each.
 ///
 /// # Safety
-/// AVX2 and FMA are available; `a` and `b` hold `kc * MR` and `kc * NR` values; `c` points at
+/// AVX2 and FMA are available; `a` and `b` hold those values; `c` points at
 /// a block of `rows <= MR` rows and `cols <= NR` columns inside C (and `e.bias`, when set, at
 /// `cols` values) that no other thread touches meanwhile.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn tile(
+pub(super) unsafe fn tile<const PACKED: bool>(
     kc: usize,
     a: *const f32,
+    lda: usize,
     b: *const f32,
     c: *mut f32,
     ldc: usize,
@@ -38,6 +40,8 @@ pub(super) unsafe fn tile(
         }
     }
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+    // Where the A value of row `r` and the next step are.
+    let (rs, ps) = if PACKED { (1, MR) } else { (lda, 1) };
     // One step: a row of the B panel against the MR values of the A panel.
     let step = |acc: &mut [[__m256; 2]; MR], pa: *const f32, pb: *const f32| {
         // SAFETY: the caller's `pa` and `pb` point at a step inside the panels.
@@ -45,29 +49,31 @@ pub(super) unsafe fn tile(
             let b0 = _mm256_loadu_ps(pb);
             let b1 = _mm256_loadu_ps(pb.add(8));
             for (r, row) in acc.iter_mut().enumerate() {
-                let av = _mm256_broadcast_ss(&*pa.add(r));
+                let av = _mm256_broadcast_ss(&*pa.add(r * rs));
                 row[0] = _mm256_fmadd_ps(av, b0, row[0]);
                 row[1] = _mm256_fmadd_ps(av, b1, row[1]);
             }
         }
     };
-    // SAFETY (the loops): steps `0..kc`, inside both panels; the A panel (read from L2) is
-    // prefetched 16 steps ahead, which only computes addresses.
+    // SAFETY (the loops): steps `0..kc`, inside both panels; a packed A panel (read from L2)
+    // is prefetched 16 steps ahead, which only computes addresses.
     unsafe {
         let (mut pa, mut pb) = (a, b);
         for _ in 0..kc / 4 {
-            _mm_prefetch::<_MM_HINT_T0>(pa.wrapping_add(16 * MR) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(pa.wrapping_add(16 * MR + 16) as *const i8);
+            if PACKED {
+                _mm_prefetch::<_MM_HINT_T0>(pa.wrapping_add(16 * MR) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(pa.wrapping_add(16 * MR + 16) as *const i8);
+            }
             step(&mut acc, pa, pb);
-            step(&mut acc, pa.add(MR), pb.add(NR));
-            step(&mut acc, pa.add(2 * MR), pb.add(2 * NR));
-            step(&mut acc, pa.add(3 * MR), pb.add(3 * NR));
-            pa = pa.add(4 * MR);
+            step(&mut acc, pa.add(ps), pb.add(NR));
+            step(&mut acc, pa.add(2 * ps), pb.add(2 * NR));
+            step(&mut acc, pa.add(3 * ps), pb.add(3 * NR));
+            pa = pa.add(4 * ps);
             pb = pb.add(4 * NR);
         }
         for _ in 0..kc % 4 {
             step(&mut acc, pa, pb);
-            pa = pa.add(MR);
+            pa = pa.add(ps);
             pb = pb.add(NR);
         }
     }
