@@ -78,7 +78,7 @@ def bench_fc(sizes=(256, 512, 1024)):
         # Lowest of many blocks, each library timed in its own blocks with a pause before
         # each: a BLAS worker keeps spinning on a core for a while after a product (numpy's
         # OpenBLAS for ~0.1 s), which would bill one library for the other's idle threads.
-        t_fc, t_np = float("inf"), float("inf")
+        t_fc, t_np, t_crate = float("inf"), float("inf"), float("inf")
         for _ in range(8):
             time.sleep(0.15)
             workspace.RunNet("fc")
@@ -86,11 +86,21 @@ def bench_fc(sizes=(256, 512, 1024)):
             time.sleep(0.15)
             x @ w.T + b
             t_np = min(t_np, best_of(lambda x=x, w=w, b=b: x @ w.T + b, 3, number=number))
+            # The same op on the gemm crate (ferrocaffe's blocked kernel off), for reference.
+            blas.use_blocked(False)
+            try:
+                workspace.RunNet("fc")
+                t_crate = min(
+                    t_crate, best_of(lambda n=number: workspace.RunNet("fc", n), 3) / number
+                )
+            finally:
+                blas.use_blocked(True)
         ratio = t_np / t_fc
         gflops = 2 * n**3 / t_fc / 1e9
         print(
             "FC %4d: ferrocaffe %.3f ms (%.1f GFLOP/s), numpy %.3f ms, ratio numpy/fc = %.2f "
-            "(target >= 1.0)" % (n, t_fc * 1e3, gflops, t_np * 1e3, ratio)
+            "(target >= 1.0); gemm crate %.3f ms (x%.2f)"
+            % (n, t_fc * 1e3, gflops, t_np * 1e3, ratio, t_crate * 1e3, t_crate / t_fc)
         )
         out[n] = ratio
     return out
