@@ -14,7 +14,7 @@
 //!   over `MR x NR` sub-tiles (the classic blocking: a `kc x NR` panel of `B` stays in L1, the
 //!   `mc x kc` block of `A` in L2, the `kc x nc` block of `B` in the shared cache);
 //! - a row-major `A` (not transposed: FC's input, an NHWC convolution's columns) is read in
-//!   place, its rows a panel at a time (the last panel, when short, copied): against packing
+//!   place (unless its rows are 4 KiB apart, [`ALIASING_STRIDE`]), its rows a panel at a time (the last panel, when short, copied): against packing
 //!   it, measured interleaved on 2 cores, 1.6x faster at `3136 x 64 x 576` (an NHWC
 //!   convolution, each element of `A` serving only 64 multiply-adds), 1.2x at `256^3`, equal
 //!   at `1024^3` and `2048^3`; a transposed `A` is packed;
@@ -55,6 +55,11 @@ const NC: usize = 512;
 /// Panels per packing slice, for `A` and `B`: the unit threads share the packing in.
 const A_SLICE: usize = 4;
 const B_SLICE: usize = 8;
+/// A row-major `A` whose rows are a multiple of this many floats (4 KiB) apart is packed
+/// anyway: read in place, the six rows of a panel fall in one set of an 8-way 32 KiB L1 (as do
+/// the rows of C), and evict each other. Packing it was faster at `1024^3` and `2048^3` in 8 of
+/// 9 interleaved runs on 2 cores (1-5%).
+const ALIASING_STRIDE: usize = 1024;
 /// Products of at least this many multiply-adds are cut in tiles for the team.
 const PARALLEL_MNK: usize = 1 << 18;
 /// Tiles per thread aimed at when cutting (so that a slower thread leaves little to wait for).
@@ -435,7 +440,7 @@ pub(super) unsafe fn sgemm(
     let Some((mut a_len, b_len)) = plan.packed_lens() else {
         return false;
     };
-    let a_in_place = !trans_a;
+    let a_in_place = !trans_a && !k.is_multiple_of(ALIASING_STRIDE);
     if a_in_place {
         a_len = 0;
     }

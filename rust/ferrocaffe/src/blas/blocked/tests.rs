@@ -65,6 +65,8 @@ fn matches_float64_for_every_transpose_and_edge() {
         (150, 70, 513),
         (97, 301, 64),
         (256, 256, 256),
+        // A row-major A with rows 4 KiB apart is packed, not read in place.
+        (20, 40, 1024),
     ] {
         for ta in [false, true] {
             for tb in [false, true] {
