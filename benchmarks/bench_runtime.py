@@ -10,6 +10,9 @@
 3. LSTM step products (batch 32, hidden 256): X W^T, dY W, dY^T X as MatMul ops, on the default
    GEMM (small-dimension kernels) and on the gemm crate alone, against numpy (OpenBLAS).
 4. dag speedup: independent branches of elementwise ops, `dag` (num_workers = cores) vs `simple`.
+5. shapes: MatMul (A B^T) on the products the models corpus and FC layers run (NHWC
+   convolutions' `pixels x C_out x k*k*C_in`, squares), ferrocaffe's blocked kernel against the
+   gemm crate, interleaved (best of 15 rounds each).
 
 Each library is timed in its own blocks after a pause: a BLAS library's workers spin on a core
 for a while after each product and would otherwise be billed to the other library.
@@ -192,6 +195,57 @@ def bench_dag(branches=None, depth=20, size=256):
     return speedup
 
 
+GEMM_SHAPES = (
+    (256, 32, 144),
+    (1024, 16, 27),
+    (225, 24, 363),
+    (512, 64, 576),
+    (3136, 64, 576),
+    (1000, 1000, 64),
+    (128, 128, 128),
+    (256, 256, 256),
+    (1024, 1024, 1024),
+)
+
+
+def bench_gemm_shapes(shapes=GEMM_SHAPES, rounds=15):
+    """MatMul (trans_b) on the blocked kernel and on the gemm crate, interleaved; returns the
+    speed-up of the blocked kernel per shape."""
+    out = {}
+    rng = np.random.RandomState(3)
+    try:
+        for m, n, k in shapes:
+            workspace.ResetWorkspace()
+            workspace.FeedBlob("a", rng.rand(m, k).astype(np.float32))
+            workspace.FeedBlob("b", rng.rand(n, k).astype(np.float32))
+            net = caffe2_pb2.NetDef(name="mm", op=[op("MatMul", ["a", "b"], ["c"], trans_b=1)])
+            workspace.CreateNet(net)
+            reps = max(1, int(3e8 / (m * n * k)))
+            best = {False: float("inf"), True: float("inf")}
+            for _ in range(rounds):
+                for blocked in (False, True):
+                    blas.use_blocked(blocked)
+                    t0 = time.perf_counter()
+                    workspace.RunNet("mm", reps)
+                    best[blocked] = min(best[blocked], (time.perf_counter() - t0) / reps)
+            out[(m, n, k)] = best[False] / best[True]
+            print(
+                "shape %5dx%4dx%4d: gemm crate %9.1f us, blocked %9.1f us (%.1f GFLOP/s), x%.2f"
+                % (
+                    m,
+                    n,
+                    k,
+                    best[False] * 1e6,
+                    best[True] * 1e6,
+                    2 * m * n * k / best[True] / 1e9,
+                    out[(m, n, k)],
+                )
+            )
+    finally:
+        blas.use_blocked(True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
@@ -206,7 +260,9 @@ def main():
         default=1,
         help="repeat the FC comparison this many times and print the worst ratio per size",
     )
-    ap.add_argument("--only", choices=["dispatch", "fc", "step", "dag"], help="one benchmark")
+    ap.add_argument(
+        "--only", choices=["dispatch", "fc", "step", "dag", "shapes"], help="one benchmark"
+    )
     args = ap.parse_args()
 
     def run(name):
@@ -227,6 +283,8 @@ def main():
             )
     if run("step"):
         bench_step_gemm(*((8, 32) if args.quick else (32, 256)))
+    if run("shapes"):
+        bench_gemm_shapes(GEMM_SHAPES[:3] if args.quick else GEMM_SHAPES)
     if run("dag"):
         bench_dag(depth=4 if args.quick else 20, size=64 if args.quick else 256)
 
