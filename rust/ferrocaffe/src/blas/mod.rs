@@ -443,9 +443,12 @@ impl GemmContext {
     }
 }
 
-/// Products below this many multiply-adds run on the `gemm` crate even where the blocked
-/// kernel applies (packing a block costs more than it saves there).
-const BLOCKED_MIN_MNK: usize = 1 << 12;
+/// Products below this many multiply-adds (2M, ~20 us on two cores) run on the `gemm` crate
+/// even where the blocked kernel applies: measured interleaved on 2 cores
+/// (`bench_runtime.py --only shapes`, three runs), the crate was 1.2x faster on NHWC
+/// convolutions of 0.4M-2M (`256x32x144`, `1024x16x27`, `225x24x363`); from `128^3` up the
+/// blocked kernel is faster.
+const BLOCKED_MIN_MNK: usize = 1 << 21;
 
 /// The `gemm` crate, single-threaded per call; products of at least [`SPLIT_MNK`] multiply-adds
 /// are cut in pieces of `C` (rows or columns, whichever is longer) run on this thread and the

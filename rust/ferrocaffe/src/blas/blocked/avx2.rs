@@ -78,40 +78,56 @@ pub(super) unsafe fn tile<const PACKED: bool>(
         }
     }
     let alpha = _mm256_set1_ps(e.alpha);
-    if rows == MR && cols == NR {
-        for (r, row) in acc.iter().enumerate() {
-            for (h, v) in row.iter().enumerate() {
-                // SAFETY: a full tile, in bounds as the caller says.
-                unsafe {
-                    let dst = c.add(r * ldc + h * 8);
-                    let mut out = _mm256_mul_ps(alpha, *v);
-                    if e.accumulate {
-                        out = _mm256_add_ps(out, _mm256_loadu_ps(dst));
-                    } else if e.beta != 0.0 {
-                        out = _mm256_fmadd_ps(_mm256_set1_ps(e.beta), _mm256_loadu_ps(dst), out);
+    let beta = _mm256_set1_ps(e.beta);
+    let all = _mm256_set1_epi32(-1);
+    // Each row of the tile inside C, a vector (or the lanes of it inside C) at a time: the
+    // same arithmetic for full and edge tiles; masked lanes are neither read nor written.
+    for (r, row) in acc.iter().enumerate().take(rows) {
+        for (h, v) in row.iter().enumerate() {
+            let lanes = cols.saturating_sub(8 * h).min(8);
+            if lanes == 0 {
+                break;
+            }
+            // Plain loads and stores for whole vectors (masked stores are slow on AMD cores).
+            let full = lanes == 8;
+            let mask = if full { all } else { lanes_mask(lanes) };
+            // SAFETY: the lanes of `mask` lie inside the block (and the bias), as the caller
+            // says; masked loads and stores touch no other lane.
+            unsafe {
+                let load = |p: *const f32| {
+                    if full {
+                        _mm256_loadu_ps(p)
+                    } else {
+                        _mm256_maskload_ps(p, mask)
                     }
-                    if !e.accumulate && !e.bias.is_null() {
-                        out = _mm256_add_ps(out, _mm256_loadu_ps(e.bias.add(h * 8)));
+                };
+                let dst = c.add(r * ldc + h * 8);
+                let mut out = _mm256_mul_ps(alpha, *v);
+                if e.accumulate {
+                    out = _mm256_add_ps(out, load(dst));
+                } else {
+                    if e.beta != 0.0 {
+                        out = _mm256_fmadd_ps(beta, load(dst), out);
                     }
+                    if !e.bias.is_null() {
+                        out = _mm256_add_ps(out, load(e.bias.add(h * 8)));
+                    }
+                }
+                if full {
                     _mm256_storeu_ps(dst, out);
+                } else {
+                    _mm256_maskstore_ps(dst, mask, out);
                 }
             }
         }
-        return;
     }
-    // An edge tile: through a buffer, then only the elements inside C.
-    let mut buf = [[0.0f32; NR]; MR];
-    for (r, row) in acc.iter().enumerate() {
-        // SAFETY: two 8-lane stores into a 16-float row.
-        unsafe {
-            _mm256_storeu_ps(buf[r].as_mut_ptr(), row[0]);
-            _mm256_storeu_ps(buf[r].as_mut_ptr().add(8), row[1]);
-        }
-    }
-    for (r, row) in buf.iter().enumerate().take(rows) {
-        for (j, v) in row.iter().enumerate().take(cols) {
-            // SAFETY: `r < rows`, `j < cols`, inside the block.
-            unsafe { e.store(c.add(r * ldc + j), j, *v) };
-        }
-    }
+}
+
+/// A mask with lanes `0..n` (`n <= 8`) set.
+#[target_feature(enable = "avx2")]
+fn lanes_mask(n: usize) -> __m256i {
+    _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(n as i32),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    )
 }

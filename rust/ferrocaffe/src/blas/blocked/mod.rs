@@ -111,30 +111,6 @@ pub(super) struct Epilogue {
     pub(super) bias: *const f32,
 }
 
-impl Epilogue {
-    /// Stores `v` (the product for column `j` of the tile) at `dst`, as the vector path does.
-    ///
-    /// # Safety
-    /// `dst` is an element of `C` no other thread touches; the bias has column `j`.
-    pub(super) unsafe fn store(&self, dst: *mut f32, j: usize, v: f32) {
-        let mut out = self.alpha * v;
-        // SAFETY: as the caller says.
-        unsafe {
-            if self.accumulate {
-                out += *dst;
-            } else {
-                if self.beta != 0.0 {
-                    out = self.beta.mul_add(*dst, out);
-                }
-                if !self.bias.is_null() {
-                    out += *self.bias.add(j);
-                }
-            }
-            *dst = out;
-        }
-    }
-}
-
 /// How one product is cut: tiles of `mc x nc`, inner chunks of `kc` (the last of each
 /// shorter).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
