@@ -428,6 +428,7 @@ impl GemmContext {
     ) -> bool {
         #[cfg(target_arch = "x86_64")]
         if self.blocked
+            && !trans_a
             && k > 0
             && m.saturating_mul(n).saturating_mul(k) >= BLOCKED_MIN_MNK
             && blocked::supported()
@@ -443,6 +444,10 @@ impl GemmContext {
     }
 }
 
+/// Products with a transposed `A` stay on the `gemm` crate too: packing `A^T` cost the blocked
+/// kernel 10-20% on convolution gradients (`64x576x2048`, `576x256x64`, measured interleaved on
+/// 2 cores) and gained nothing on squares.
+///
 /// Products below this many multiply-adds (2M, ~20 us on two cores) run on the `gemm` crate
 /// even where the blocked kernel applies: measured interleaved on 2 cores
 /// (`bench_runtime.py --only shapes`, three runs), the crate was 1.2x faster on NHWC
