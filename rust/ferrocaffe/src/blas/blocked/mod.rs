@@ -277,10 +277,29 @@ impl Job {
         let (i0, j0) = (ib * p.mc, jb * p.nc);
         let (rows, cols) = ((p.m - i0).min(p.mc), (p.n - j0).min(p.nc));
         let ldc = p.n;
+        // A read in place: the tile's short last panel (only at the bottom of C) is copied
+        // here once per chunk, as reading it in place would run past the end of A.
+        let short = rows % MR;
+        let mut edge = [0.0f32; MR * KC];
         for pb in 0..p.kb {
             let (p0, kc) = p.chunk(pb);
             let a = (!self.packed_a.is_null()).then(|| self.a_block(ib, pb));
             let b = self.b_block(pb, jb);
+            if a.is_none() && short != 0 {
+                // SAFETY: rows `i0 + rows - short..` (below `m`) of A, columns `p0..p0 + kc`;
+                // `edge` holds one panel of up to KC steps.
+                unsafe {
+                    pack::a_panels(
+                        &self.a,
+                        p.m,
+                        i0 + rows - short,
+                        p0,
+                        kc,
+                        0..1,
+                        edge.as_mut_ptr(),
+                    )
+                };
+            }
             let micro = |ir: usize, jr: usize| {
                 let e = Epilogue {
                     alpha: self.alpha,
@@ -301,8 +320,8 @@ impl Job {
                 );
                 // SAFETY (the three calls): panel `jr / NR` of the packed B block; the A
                 // panel packed, in place (MR rows of A, row stride `rs`, from column
-                // `p0`) or copied here; the sub-tile lies in this tile of C, which only
-                // this thread writes.
+                // `p0`) or the short last one copied above; the sub-tile lies in this tile
+                // of C, which only this thread writes.
                 if let Some(a) = a {
                     unsafe {
                         avx2::tile::<true>(
@@ -333,9 +352,7 @@ impl Job {
                         )
                     };
                 } else {
-                    let mut edge = [0.0f32; MR * KC];
                     unsafe {
-                        pack::a_panels(&self.a, p.m, i0 + ir, p0, kc, 0..1, edge.as_mut_ptr());
                         avx2::tile::<true>(kc, edge.as_ptr(), 0, b.add(jr * kc), c, ldc, tr, tc, &e)
                     };
                 }
