@@ -106,6 +106,17 @@ def model_flops(pred: caffe2_pb2.NetDef) -> float:
     return total
 
 
+def _load(case: dict) -> caffe2_pb2.NetDef:
+    """A fresh workspace with the case's init net run and its inputs fed; returns its predict
+    net (not yet created)."""
+    workspace.ResetWorkspace()
+    init, pred = _net(case["init_net_b64"]), _net(case["predict_net_b64"])
+    workspace.RunNetOnce(init)
+    for name, value in _inputs(case):
+        workspace.FeedBlob(name, value)
+    return pred
+
+
 def time_net(name: str, runs: int, trials: int) -> float:
     for _ in range(3):
         workspace.RunNet(name)
@@ -124,11 +135,7 @@ def ab_winograd(case: dict, runs: int) -> tuple[float, float]:
     """Medians of interleaved runs of the predict net without and with Winograd."""
     import os
 
-    workspace.ResetWorkspace()
-    init, pred = _net(case["init_net_b64"]), _net(case["predict_net_b64"])
-    workspace.RunNetOnce(init)
-    for name, value in _inputs(case):
-        workspace.FeedBlob(name, value)
+    pred = _load(case)
     names = []
     old = os.environ.get("FERROCAFFE_WINOGRAD")
     for label, env in (("off", "0"), ("on", None)):
@@ -163,11 +170,7 @@ def ab_blocked(case: dict, runs: int) -> tuple[float, float]:
     blocked kernel (``ferrocaffe.blas.use_blocked``)."""
     from ferrocaffe import blas
 
-    workspace.ResetWorkspace()
-    init, pred = _net(case["init_net_b64"]), _net(case["predict_net_b64"])
-    workspace.RunNetOnce(init)
-    for name, value in _inputs(case):
-        workspace.FeedBlob(name, value)
+    pred = _load(case)
     workspace.CreateNet(pred, overwrite=True)
     times = {False: [], True: []}
     try:
@@ -283,11 +286,7 @@ def main() -> int:
         return 0
     rows = []
     for case in cases:
-        workspace.ResetWorkspace()
-        init, pred = _net(case["init_net_b64"]), _net(case["predict_net_b64"])
-        workspace.RunNetOnce(init)
-        for name, value in _inputs(case):
-            workspace.FeedBlob(name, value)
+        pred = _load(case)
         workspace.CreateNet(pred, overwrite=True)
         ours = time_net(pred.name, args.runs, args.trials)
         gflops = sgemm_gflops()
