@@ -62,6 +62,10 @@ def _inputs(case: dict):
     return [(m["name"], array("models", m)) for m in case["inputs"]]
 
 
+# Seconds to wait after numpy's sgemm before timing anything else.
+SETTLE_S = 0.25
+
+
 def sgemm_gflops(runs: int = 7) -> float:
     r = np.random.RandomState(0)
     a = r.rand(SGEMM_N, SGEMM_N).astype(np.float32)
@@ -72,6 +76,9 @@ def sgemm_gflops(runs: int = 7) -> float:
         t0 = time.perf_counter()
         a.dot(b)
         ts.append(time.perf_counter() - t0)
+    # numpy's OpenBLAS threads keep spinning on every core for ~0.1 s after a product: timing a
+    # net meanwhile would measure it against them (on 16 cores, 3x slower for some models).
+    time.sleep(SETTLE_S)
     return 2.0 * SGEMM_N**3 / float(np.median(ts)) / 1e9
 
 

@@ -431,10 +431,9 @@ impl GemmContext {
             && !trans_a
             && k > 0
             && m.saturating_mul(n).saturating_mul(k) >= BLOCKED_MIN_MNK
-            && blocked::supported()
         {
-            // SAFETY: the CPU has AVX2 and FMA (`supported`), the lengths were asserted by
-            // the callers and `k > 0`.
+            // SAFETY: the lengths were asserted by the callers and `k > 0` (`sgemm` checks
+            // the CPU).
             return unsafe {
                 blocked::sgemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, bias)
             };

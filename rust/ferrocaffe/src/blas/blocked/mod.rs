@@ -37,6 +37,7 @@ use std::sync::OnceLock;
 use crate::threads::{self, run_parts};
 
 mod avx2;
+mod avx512;
 mod pack;
 
 /// Rows of a micro-tile.
@@ -73,17 +74,49 @@ const TILES_PER_THREAD: usize = 3;
 /// products run on the `gemm` crate, which packs a block at a time.
 const MAX_PACKED: usize = 1 << 25;
 /// The calling thread keeps its packing buffer between products up to this many floats
-/// (32 MiB: two 2048 x 2048 operands); a larger one is freed after the product.
-const KEEP: usize = 1 << 23;
+/// (64 MiB, with room for padding: two 2048 x 2048 operands packed, or one 4096 x 4096); a
+/// larger one is freed after the product. Allocating it again each time cost a 2048^3 FC
+/// 15-25% on 16 cores (measured on a 16-core Xeon).
+const KEEP: usize = (1 << 24) + (1 << 16);
 
-/// Whether this CPU runs the blocked kernel: AVX2 and FMA, and not AVX-512 (see the module
-/// docs).
-pub(super) fn supported() -> bool {
-    static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && !std::arch::is_x86_feature_detected!("avx512f")
+/// The environment variable that overrides the kernel choice: `avx2` runs the AVX2 kernel
+/// even where AVX-512 is available (to measure one against the other), `off` runs every
+/// product on the `gemm` crate; unset (or anything else), [`isa`] picks the widest kernel the
+/// CPU has.
+pub(super) const BLOCKED_VAR: &str = "FERROCAFFE_BLOCKED";
+
+/// The micro-kernels: [`avx2`] (`6 x 16`) and [`avx512`] (`6 x 32`, AVX2's for a last
+/// single panel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Isa {
+    Avx2,
+    Avx512,
+}
+
+/// The kernels this CPU can run, narrowest first.
+pub(super) fn available() -> Vec<Isa> {
+    let mut out = Vec::new();
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        out.push(Isa::Avx2);
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            out.push(Isa::Avx512);
+        }
+    }
+    out
+}
+
+/// The kernel products run on: the widest [`available`], unless [`BLOCKED_VAR`] says
+/// otherwise; `None` (the `gemm` crate) where none is. Read once.
+pub(super) fn isa() -> Option<Isa> {
+    static ISA: OnceLock<Option<Isa>> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let all = available();
+        let mode = std::env::var(BLOCKED_VAR).unwrap_or_default();
+        match mode.trim().to_ascii_lowercase().as_str() {
+            "off" | "0" => None,
+            "avx2" => all.first().copied(),
+            _ => all.last().copied(),
+        }
     })
 }
 
@@ -226,6 +259,8 @@ struct Job {
     packed_b: *mut f32,
     a_state: Vec<AtomicU8>,
     b_state: Vec<AtomicU8>,
+    /// Micro-tiles of two panels on the AVX-512 kernel.
+    wide: bool,
 }
 
 // SAFETY: the threads read A, B and the bias, write disjoint tiles of C, and write each
@@ -300,6 +335,8 @@ impl Job {
                     )
                 };
             }
+            // Columns per micro-tile: one panel, or two on the AVX-512 kernel.
+            let width = if self.wide { avx512::WIDE } else { NR };
             let micro = |ir: usize, jr: usize| {
                 let e = Epilogue {
                     alpha: self.alpha,
@@ -316,55 +353,41 @@ impl Job {
                     // SAFETY: the sub-tile's corner lies in this tile of C.
                     unsafe { self.c.add((i0 + ir) * ldc + j0 + jr) },
                     (rows - ir).min(MR),
-                    (cols - jr).min(NR),
+                    (cols - jr).min(width),
                 );
-                // SAFETY (the three calls): panel `jr / NR` of the packed B block; the A
-                // panel packed, in place (MR rows of A, row stride `rs`, from column
-                // `p0`) or the short last one copied above; the sub-tile lies in this tile
-                // of C, which only this thread writes.
-                if let Some(a) = a {
-                    unsafe {
-                        avx2::tile::<true>(
-                            kc,
-                            a.add(ir * kc),
-                            0,
-                            b.add(jr * kc),
-                            c,
-                            ldc,
-                            tr,
-                            tc,
-                            &e,
-                        )
-                    };
-                } else if tr == MR {
-                    let a = unsafe { self.a.at(i0 + ir, p0) };
-                    unsafe {
-                        avx2::tile::<false>(
-                            kc,
-                            a,
-                            self.a.rs as usize,
-                            b.add(jr * kc),
-                            c,
-                            ldc,
-                            tr,
-                            tc,
-                            &e,
-                        )
-                    };
-                } else {
-                    unsafe {
-                        avx2::tile::<true>(kc, edge.as_ptr(), 0, b.add(jr * kc), c, ldc, tr, tc, &e)
-                    };
-                }
+                // The A panel: packed, in place (MR rows of A, row stride `rs`, from column
+                // `p0`) or the short last one copied above.
+                let (pa, lda, packed) = match a {
+                    Some(a) => (unsafe { a.add(ir * kc) }, 0, true),
+                    None if tr == MR => {
+                        (unsafe { self.a.at(i0 + ir, p0) }, self.a.rs as usize, false)
+                    }
+                    None => (edge.as_ptr(), 0, true),
+                };
+                // SAFETY (the four calls): that A panel; panel `jr / NR` of the packed B
+                // block (and the next one, which exists when `tc > NR`); the sub-tile lies in
+                // this tile of C, which only this thread writes; the wide kernel only on a
+                // job the caller made for a CPU with AVX-512.
+                let pbk = unsafe { b.add(jr * kc) };
+                unsafe {
+                    match (tc > NR, packed) {
+                        (true, true) => avx512::tile::<true>(kc, pa, lda, pbk, c, ldc, tr, tc, &e),
+                        (true, false) => {
+                            avx512::tile::<false>(kc, pa, lda, pbk, c, ldc, tr, tc, &e)
+                        }
+                        (false, true) => avx2::tile::<true>(kc, pa, lda, pbk, c, ldc, tr, tc, &e),
+                        (false, false) => avx2::tile::<false>(kc, pa, lda, pbk, c, ldc, tr, tc, &e),
+                    }
+                };
             };
             if cols <= NARROW {
                 for ir in (0..rows).step_by(MR) {
-                    for jr in (0..cols).step_by(NR) {
+                    for jr in (0..cols).step_by(width) {
                         micro(ir, jr);
                     }
                 }
             } else {
-                for jr in (0..cols).step_by(NR) {
+                for jr in (0..cols).step_by(width) {
                     for ir in (0..rows).step_by(MR) {
                         micro(ir, jr);
                     }
@@ -414,15 +437,42 @@ fn share_packing(
     }
 }
 
-/// `C = alpha op(A) op(B) + beta C (+ bias in every row)` on the blocked kernel, when it
-/// applies ([`supported`], and the packed operands within [`MAX_PACKED`] and allocatable);
-/// returns false, having done nothing, when it does not.
+/// `C = alpha op(A) op(B) + beta C (+ bias in every row)` on the blocked kernel [`isa`]
+/// picks, when one does and the product fits ([`sgemm_on`]); returns false, having done
+/// nothing, otherwise.
 ///
 /// # Safety
-/// AVX2 and FMA are available ([`supported`]); `a`, `b`, `c` (and `bias`, `n` values) hold
-/// the matrices of these sizes; `k > 0`.
+/// `a`, `b`, `c` (and `bias`, `n` values) hold the matrices of these sizes; `k > 0`.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn sgemm(
+    trans_a: bool,
+    trans_b: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+    bias: Option<&[f32]>,
+) -> bool {
+    let Some(isa) = isa() else {
+        return false;
+    };
+    // SAFETY: the CPU has the kernel `isa` picked; the rest as the caller says.
+    unsafe { sgemm_on(isa, trans_a, trans_b, m, n, k, alpha, a, b, beta, c, bias) }
+}
+
+/// [`sgemm`] on the kernels of `isa`: false, having done nothing, when the packed operands
+/// would exceed [`MAX_PACKED`] or cannot be allocated.
+///
+/// # Safety
+/// The CPU has `isa` ([`available`]); `a`, `b`, `c` (and `bias`, `n` values) hold the
+/// matrices of these sizes; `k > 0`.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn sgemm_on(
+    isa: Isa,
     trans_a: bool,
     trans_b: bool,
     m: usize,
@@ -469,11 +519,11 @@ pub(super) unsafe fn sgemm(
         // 16 spare floats to start the packed blocks on a 64-byte line.
         let want = total + 16;
         if buf.len() < want {
-            buf.clear();
-            if buf.try_reserve_exact(want).is_err() {
-                return false;
+            *buf = Vec::new();
+            match zeroed(want) {
+                Some(v) => *buf = v,
+                None => return false,
             }
-            buf.resize(want, 0.0);
         }
         let align = buf.as_ptr().align_offset(64).min(16);
         let start = buf[align..].as_mut_ptr();
@@ -500,6 +550,7 @@ pub(super) unsafe fn sgemm(
                 plan.mb * plan.kb * per_a
             }),
             b_state: states(plan.nb * plan.kb * per_b),
+            wide: isa == Isa::Avx512,
         };
         run_parts(plan.mb * plan.nb, &|t| job.tile(t));
         true
@@ -516,6 +567,26 @@ pub(super) unsafe fn sgemm(
         // buffer of its own is correct either way.
         Err(_) => run(&mut Vec::new()),
     })
+}
+
+/// `len` zeros, or `None` when they cannot be allocated. Through `alloc_zeroed` (calloc), so
+/// a large buffer comes as fresh zero pages from the system: the threads that pack into it
+/// fault its pages in as they go, where `Vec::resize` would first write every float on the
+/// calling thread alone (for a 4096^3 product, 128 MiB). No safe, fallible `vec![0.0; len]`
+/// exists, hence this.
+fn zeroed(len: usize) -> Option<Vec<f32>> {
+    let layout = std::alloc::Layout::array::<f32>(len).ok()?;
+    if layout.size() == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: the layout's size is not zero.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<f32>();
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of `len` floats, all
+    // zero (a valid `f32`).
+    Some(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }
 
 #[cfg(test)]

@@ -14,25 +14,50 @@ fn check(ta: bool, tb: bool, m: usize, n: usize, k: usize, alpha: f32, beta: f32
     let b = data(k * n, 2.0);
     let c0 = data(m * n, 3.0);
     let bv = data(n, 4.0);
-    let mut c = c0.clone();
-    // SAFETY: the test only runs where `supported()`, with matrices of these sizes.
+    for isa in available() {
+        check_on(isa, ta, tb, m, n, k, alpha, beta, bias, &a, &b, &c0, &bv);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_on(
+    isa: Isa,
+    ta: bool,
+    tb: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    beta: f32,
+    bias: bool,
+    a: &[f32],
+    b: &[f32],
+    c0: &[f32],
+    bv: &[f32],
+) {
+    let mut c = c0.to_vec();
+    // SAFETY: `isa` is available, with matrices of these sizes.
     let ran = unsafe {
-        sgemm(
+        sgemm_on(
+            isa,
             ta,
             tb,
             m,
             n,
             k,
             alpha,
-            &a,
-            &b,
+            a,
+            b,
             beta,
             &mut c,
-            bias.then_some(&bv[..]),
+            bias.then_some(bv),
         )
     };
-    assert!(ran, "{m}x{n}x{k} did not run on the blocked kernel");
-    let ab = naive(ta, tb, m, n, k, &a, &b);
+    assert!(
+        ran,
+        "{m}x{n}x{k} did not run on the blocked kernel ({isa:?})"
+    );
+    let ab = naive(ta, tb, m, n, k, a, b);
     for i in 0..m {
         for j in 0..n {
             let mut want = alpha as f64 * ab[i * n + j] + beta as f64 * c0[i * n + j] as f64;
@@ -43,7 +68,7 @@ fn check(ta: bool, tb: bool, m: usize, n: usize, k: usize, alpha: f32, beta: f32
             let tol = 1e-5 * (k as f64).sqrt() * (1.0 + want.abs());
             assert!(
                 (got - want).abs() <= tol,
-                "{ta} {tb} {m}x{n}x{k} alpha {alpha} beta {beta} bias {bias}: \
+                "{isa:?} {ta} {tb} {m}x{n}x{k} alpha {alpha} beta {beta} bias {bias}: \
                  C[{i}][{j}] = {got}, want {want}"
             );
         }
@@ -52,7 +77,7 @@ fn check(ta: bool, tb: bool, m: usize, n: usize, k: usize, alpha: f32, beta: f32
 
 #[test]
 fn matches_float64_for_every_transpose_and_edge() {
-    if !supported() {
+    if available().is_empty() {
         return;
     }
     // Edges of every kind: rows and columns not multiples of the micro-tile, inner sizes
@@ -65,6 +90,10 @@ fn matches_float64_for_every_transpose_and_edge() {
         (150, 70, 513),
         (97, 301, 64),
         (256, 256, 256),
+        // Two-panel micro-tiles (AVX-512) with a short second panel, and with none.
+        (9, 24, 100),
+        (12, 48, 600),
+        (30, 200, 40),
         // A row-major A with rows 4 KiB apart is packed, not read in place.
         (20, 40, 1024),
     ] {
@@ -78,7 +107,7 @@ fn matches_float64_for_every_transpose_and_edge() {
 
 #[test]
 fn alpha_beta_and_bias() {
-    if !supported() {
+    if available().is_empty() {
         return;
     }
     for &(alpha, beta, bias) in &[
@@ -94,40 +123,79 @@ fn alpha_beta_and_bias() {
 
 #[test]
 fn beta_zero_overwrites_nan() {
-    if !supported() {
+    if available().is_empty() {
         return;
     }
     let (m, n, k) = (20, 40, 30);
     let a = data(m * k, 1.0);
     let b = data(k * n, 2.0);
-    let mut c = vec![f32::NAN; m * n];
-    // SAFETY: as in `check`.
-    assert!(unsafe { sgemm(false, false, m, n, k, 1.0, &a, &b, 0.0, &mut c, None) });
-    assert!(c.iter().all(|v| v.is_finite()));
+    for isa in available() {
+        let mut c = vec![f32::NAN; m * n];
+        // SAFETY: as in `check_on`.
+        assert!(unsafe { sgemm_on(isa, false, false, m, n, k, 1.0, &a, &b, 0.0, &mut c, None) });
+        assert!(c.iter().all(|v| v.is_finite()), "{isa:?}");
+    }
 }
 
 #[test]
 fn results_do_not_depend_on_the_threads() {
-    if !supported() {
+    if available().is_empty() {
         return;
     }
     let (m, n, k) = (300, 200, 700);
     let a = data(m * k, 1.0);
     let b = data(k * n, 2.0);
-    let mut team = vec![0.0; m * n];
-    let mut solo = vec![0.0; m * n];
-    // SAFETY: as in `check`.
-    unsafe {
-        assert!(sgemm(
-            false, true, m, n, k, 1.0, &a, &b, 0.0, &mut team, None
-        ));
-        crate::threads::single_threaded(|| {
-            assert!(sgemm(
-                false, true, m, n, k, 1.0, &a, &b, 0.0, &mut solo, None
-            ))
-        });
+    for isa in available() {
+        let mut team = vec![0.0; m * n];
+        let mut solo = vec![0.0; m * n];
+        // SAFETY: as in `check_on`.
+        unsafe {
+            assert!(sgemm_on(
+                isa, false, true, m, n, k, 1.0, &a, &b, 0.0, &mut team, None
+            ));
+            crate::threads::single_threaded(|| {
+                assert!(sgemm_on(
+                    isa, false, true, m, n, k, 1.0, &a, &b, 0.0, &mut solo, None
+                ))
+            });
+        }
+        assert_eq!(team, solo, "{isa:?}");
     }
-    assert_eq!(team, solo);
+}
+
+#[test]
+fn kernels_agree_bit_for_bit() {
+    // Each element is the same FMA chain on every kernel, so the widths give the same bits.
+    let isas = available();
+    let (m, n, k) = (100, 150, 300);
+    let a = data(m * k, 1.0);
+    let b = data(k * n, 2.0);
+    let bv = data(n, 4.0);
+    let mut first: Option<Vec<f32>> = None;
+    for isa in isas {
+        let mut c = data(m * n, 3.0);
+        // SAFETY: as in `check_on`.
+        assert!(unsafe {
+            sgemm_on(
+                isa,
+                false,
+                false,
+                m,
+                n,
+                k,
+                1.5,
+                &a,
+                &b,
+                0.5,
+                &mut c,
+                Some(&bv),
+            )
+        });
+        match &first {
+            None => first = Some(c),
+            Some(f) => assert_eq!(f, &c, "{isa:?}"),
+        }
+    }
 }
 
 #[test]
