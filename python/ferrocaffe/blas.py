@@ -6,9 +6,10 @@ single-precision GEMM. ``import ferrocaffe`` picks the backend:
 - ``FERROCAFFE_BLAS`` unset, or ``gemm``: ferrocaffe's own (``backend() == 'gemm'``):
   products with one small dimension (an RNN step's batch, a weight gradient summed over a
   batch) on its AVX-512/AVX2 kernels, which read the large operand in place; products of 2M
-  multiply-adds and up with ``A`` not transposed on its cache-blocked AVX2 kernel (CPUs with AVX2
-  and without AVX-512: the operands of a product read in place or packed once and shared by the
-  threads); the rest on the pure-Rust ``gemm`` crate; products above a megaflop are shared out to one team of compute
+  multiply-adds and up with ``A`` not transposed on its cache-blocked AVX-512 or AVX2 kernel
+  (the operands of a product read in place or packed once and shared by the threads;
+  ``FERROCAFFE_BLOCKED=avx2`` keeps AVX-512 CPUs on the AVX2 kernel, ``off`` sends these
+  products to the ``gemm`` crate); the rest on the pure-Rust ``gemm`` crate; products above a megaflop are shared out to one team of compute
   threads (``num_threads()``: the machine's cores, ``FERROCAFFE_NUM_THREADS=n`` caps it), which
   convolutions, pooling and element-wise work use too;
 - ``FERROCAFFE_BLAS=numpy``: the OpenBLAS that numpy's wheels bundle (``numpy.libs``), or else
@@ -56,7 +57,7 @@ def use_small_kernels(enabled):
 
 def use_blocked(enabled):
     """Turns ferrocaffe's own blocked kernel for large products (FC, MatMul, convolutions;
-    x86-64 CPUs with AVX2 and without AVX-512) on or off; it is on by default, and off the
+    x86-64 CPUs with AVX-512 or AVX2) on or off; it is on by default, and off the
     ``gemm`` crate runs those products."""
     _native.blas_set_blocked(bool(enabled))
 

@@ -86,8 +86,8 @@ static CBLAS_ENABLED: AtomicBool = AtomicBool::new(true);
 static SMALL_ENABLED: AtomicBool = AtomicBool::new(true);
 static BLOCKED_ENABLED: AtomicBool = AtomicBool::new(true);
 
-/// Turns this crate's blocked kernel for large products on or off (on by default; it only
-/// runs on CPUs with AVX2 and FMA and without AVX-512, see [`blocked`]). Off, those products
+/// Turns this crate's blocked kernel for large products on or off (on by default; it runs
+/// on CPUs with AVX2 and FMA, and on AVX-512 where the CPU has it, see [`blocked`]). Off, those products
 /// run on the `gemm` crate (benchmarks compare the two).
 pub fn set_blocked_enabled(enabled: bool) {
     BLOCKED_ENABLED.store(enabled, Ordering::Relaxed);

@@ -72,8 +72,12 @@ fn create_fc(init: &OpInit<'_>, transposed: bool) -> Result<Box<dyn Operator>> {
         }
         let yp = output_tensor(ctx, &dev, 0, DataType::Float, &ydims)?;
         if k == 0 {
-            // An empty X leaves Y as allocated (zeros), as Caffe2's FC returns early.
+            // No inputs per row: every row of Y is the bias, as on the CPU (Caffe2 returns
+            // early and leaves Y as allocated, whatever its memory held).
             dev.fill_zero(yp, m * n)?;
+            if m * n > 0 {
+                cuda_launch!(dev, bias, grid_rows_cols(m, n); yp, b.ptr, n64(m), n64(n))?;
+            }
         } else if m * n > 0 {
             let g = Gemm {
                 trans_a: false,
