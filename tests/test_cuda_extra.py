@@ -115,7 +115,16 @@ def test_given_fill_size_mismatch():
 
 # ---- NCHW2NHWC, NHWC2NCHW -------------------------------------------------------------------
 
-LAYOUT_SHAPES = [(2, 3, 4, 5), (1, 1, 1, 1), (0, 3, 4, 5), (2, 0, 3, 3), (3, 7, 1, 9)]
+# Any rank from 3 (N, C and one spatial axis), as Caffe2's order switch takes.
+LAYOUT_SHAPES = [
+    (2, 3, 4, 5),
+    (1, 1, 1, 1),
+    (0, 3, 4, 5),
+    (2, 0, 3, 3),
+    (3, 7, 1, 9),
+    (2, 3, 4),
+    (2, 3, 2, 4, 5),
+]
 
 
 @pytest.mark.parametrize("shape", LAYOUT_SHAPES)
@@ -133,8 +142,9 @@ def test_layout_dtypes(dtype):
     compare("NHWC2NCHW", [("x", x)], ["y"])
 
 
-def test_layout_needs_4d():
-    errors("NCHW2NHWC", [("x", randn(2, 3, 4))], ["y"])
+@pytest.mark.parametrize("op_type", ["NCHW2NHWC", "NHWC2NCHW"])
+def test_layout_needs_3d(op_type):
+    errors(op_type, [("x", randn(2, 3))], ["y"])
 
 
 # ---- InstanceNorm ---------------------------------------------------------------------------

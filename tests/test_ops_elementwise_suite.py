@@ -55,6 +55,15 @@ def test_unary_matches_numpy(op_type, args, ref, in_place):
     np.testing.assert_allclose(y, ref(x.astype(np.float64)), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+def test_sign_keeps_every_numeric_type(dtype):
+    # Caffe2 registers Sign for its NumericTypes (int32, int64, float, double).
+    x = np.array([[-7, 0, 3], [np.iinfo(np.int32).min, 1, -1]]).astype(dtype)
+    (y,) = run("Sign", {"X": x}, ["Y"])
+    assert y.dtype == dtype
+    np.testing.assert_array_equal(y, np.sign(x))
+
+
 def test_relu_n_needs_positive_n():
     workspace.FeedBlob("X", np.ones(3, np.float32))
     with pytest.raises(RuntimeError, match="n > 0"):

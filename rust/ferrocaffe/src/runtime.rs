@@ -83,4 +83,16 @@ mod tests {
             .to_string();
         assert!(e.contains("Cannot create operator of type 'Relu'"), "{e}");
     }
+
+    #[test]
+    fn no_builtin_kernel_is_registered_twice() {
+        // A second registration replaces the first without a word (Sign once lost its integer
+        // kernel to a float-only one registered later).
+        let r = builtin_registry();
+        assert!(
+            r.replaced().is_empty(),
+            "registered twice: {:?}",
+            r.replaced()
+        );
+    }
 }

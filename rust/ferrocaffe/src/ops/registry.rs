@@ -23,6 +23,9 @@ pub type Factory = fn(&OpInit<'_>) -> Result<Box<dyn Operator>>;
 pub struct Registry {
     map: HashMap<String, HashMap<(DeviceType, String), Factory>>,
     parent: Option<Arc<Registry>>,
+    /// Keys registered more than once, in order (the built-in registry has none: a test checks
+    /// it, as a second registration silently replaces the first).
+    replaced: Vec<(String, DeviceType, String)>,
 }
 
 impl Registry {
@@ -34,18 +37,28 @@ impl Registry {
     /// An empty registry whose lookups fall through to `parent` for op types it lacks.
     pub fn layered(parent: Arc<Registry>) -> Self {
         Registry {
-            map: HashMap::new(),
             parent: Some(parent),
+            ..Registry::default()
         }
     }
 
     /// Registers `factory` for `op_type` on `device` with `engine` (`""` = default engine).
     /// A later registration of the same key replaces the earlier one.
     pub fn register(&mut self, op_type: &str, device: DeviceType, engine: &str, factory: Factory) {
-        self.map
+        let old = self
+            .map
             .entry(op_type.to_string())
             .or_default()
             .insert((device, engine.to_string()), factory);
+        if old.is_some() {
+            self.replaced
+                .push((op_type.to_string(), device, engine.to_string()));
+        }
+    }
+
+    /// The (op type, device, engine) keys registered more than once, in order.
+    pub fn replaced(&self) -> &[(String, DeviceType, String)] {
+        &self.replaced
     }
 
     /// Registers a default-engine CPU factory.

@@ -188,9 +188,11 @@ FC_SCATTER(unsigned short, b2)
 FC_SCATTER(u32, b4)
 FC_SCATTER(u64, b8)
 
-// ScatterWeightedSum: for each k in order, y[idx[k]] = y[idx[k]] * w0 + sum_t w_t * x_t[k]
-// (x_t[k, j] read as 0 past x_t's length). `terms` holds m addresses of X_t, then m of W_t
-// (float), then m lengths. One thread per column.
+// ScatterWeightedSum, in the CPU kernel's order (Caffe2's): first y[idx[k]] *= w0 for each k
+// (a repeated index is scaled again), then for each term t and each k in order
+// y[idx[k]] += w_t * x_t[k] (x_t[k, j] read as 0 past x_t's length). `terms` holds m addresses
+// of X_t, then m of W_t (float), then m lengths. One thread per column, so a repeated index
+// is never written by two threads.
 template <typename I>
 __device__ void scatter_weighted_sum(float* y, const float* w0, const I* idx, const u64* terms,
                                      i64 m, i64 n_idx, i64 block, i64 n_rows) {
@@ -198,16 +200,18 @@ __device__ void scatter_weighted_sum(float* y, const float* w0, const I* idx, co
         const float a0 = *w0;
         for (i64 k = 0; k < n_idx; ++k) {
             const i64 r = fc_row(idx, k, n_rows);
-            if (r < 0) continue;
-            const i64 at = k * block + j;
-            float v = y[r * block + j] * a0;
-            for (i64 t = 0; t < m; ++t) {
-                const float* x = (const float*)terms[t];
-                const float wt = *(const float*)terms[m + t];
-                const i64 len = (i64)terms[2 * m + t];
-                v += wt * (at < len ? x[at] : 0.0f);
+            if (r >= 0) y[r * block + j] *= a0;
+        }
+        for (i64 t = 0; t < m; ++t) {
+            const float* x = (const float*)terms[t];
+            const float wt = *(const float*)terms[m + t];
+            const i64 len = (i64)terms[2 * m + t];
+            for (i64 k = 0; k < n_idx; ++k) {
+                const i64 r = fc_row(idx, k, n_rows);
+                if (r < 0) continue;
+                const i64 at = k * block + j;
+                y[r * block + j] += wt * (at < len ? x[at] : 0.0f);
             }
-            y[r * block + j] = v;
         }
     }
 }

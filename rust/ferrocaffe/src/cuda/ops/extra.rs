@@ -185,8 +185,12 @@ fn create_layout(init: &OpInit<'_>, to_nhwc: bool) -> Result<Box<dyn Operator>> 
     let mut other = crate::cuda::fallback_locked(init)?;
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let d = ctx.input(0)?.dims().to_vec();
-        if d.len() != 4 {
-            bail!(op = ctx, ShapeMismatch: "The input must be a 4-d tensor, got {d:?}");
+        let nd = d.len();
+        if nd < 3 {
+            bail!(
+                op = ctx,
+                ShapeMismatch: "The input must be at least 3-d (N, C and a spatial axis), got {d:?}"
+            );
         }
         let dt = ctx.input(0)?.dtype();
         if dt == DataType::String {
@@ -197,12 +201,20 @@ fn create_layout(init: &OpInit<'_>, to_nhwc: bool) -> Result<Box<dyn Operator>> 
         };
         let dev = device(ctx)?;
         let x = input(ctx, &dev, 0)?;
+        // Each image is a (C x spatial) matrix transposed, or back.
         let (out, rows_, cols) = if to_nhwc {
-            let hw = d[2] * d[3];
-            (vec![d[0], d[2], d[3], d[1]], d[1], hw)
+            let spatial = d[2..].iter().product::<usize>();
+            let out = [d[0]]
+                .into_iter()
+                .chain(d[2..].iter().copied())
+                .chain([d[1]]);
+            (out.collect::<Vec<_>>(), d[1], spatial)
         } else {
-            let hw = d[1] * d[2];
-            (vec![d[0], d[3], d[1], d[2]], hw, d[3])
+            let spatial = d[1..nd - 1].iter().product::<usize>();
+            let out = [d[0], d[nd - 1]]
+                .into_iter()
+                .chain(d[1..nd - 1].iter().copied());
+            (out.collect::<Vec<_>>(), spatial, d[nd - 1])
         };
         let n = x.numel();
         let yp = output_tensor(ctx, &dev, 0, dt, &out)?;

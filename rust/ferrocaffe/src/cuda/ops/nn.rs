@@ -696,7 +696,12 @@ fn create_bn(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
         let rv = update_in_place(ctx, &dev, 4, 2)?;
         let (sm, smp) = new_tensor(&dev, DataType::Float, &[c])?;
         let (si, sip) = new_tensor(&dev, DataType::Float, &[c])?;
-        if c > 0 {
+        if n * inner == 0 {
+            // An empty batch, as on the CPU: the running statistics stay as they are, and the
+            // saved mean and inverse std are zeros (no statistic was measured).
+            dev.fill_zero(smp, c)?;
+            dev.fill_zero(sip, c)?;
+        } else if c > 0 {
             cuda_launch!(dev, train, rows(c, RT);
                 x.ptr, scale.ptr, bias.ptr, yp, rm, rv, smp, sip,
                 n64(n), n64(c), n64(inner), m, eps, momentum, unbias, flag(nhwc))?;

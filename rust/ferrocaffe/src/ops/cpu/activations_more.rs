@@ -110,17 +110,6 @@ pub fn register(r: &mut Registry) {
     r.cpu("CoshGradient", |_| {
         pair_grad(Pair::GradValue, |x, g| g * x.sinh())
     });
-    r.cpu("Sign", |_| {
-        float_map(|x| {
-            if x > 0.0 {
-                1.0
-            } else if x < 0.0 {
-                -1.0
-            } else {
-                0.0
-            }
-        })
-    });
     r.cpu("BitwiseAnd", |i| create_bitwise(i, Bitwise::And));
     r.cpu("BitwiseOr", |i| create_bitwise(i, Bitwise::Or));
     r.cpu("BitwiseXor", |i| create_bitwise(i, Bitwise::Xor));
