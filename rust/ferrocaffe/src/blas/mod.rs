@@ -36,6 +36,8 @@ pub use constant::{hold_constant, ConstantOperands};
 mod blocked;
 #[cfg(target_arch = "x86_64")]
 mod small;
+#[cfg(target_arch = "x86_64")]
+mod transpose;
 
 /// `cblas_sgemm`'s C signature (row/column order, transposes, sizes, leading dimensions),
 /// generic over the integer width: `c_int` for LP64 builds, `i64` for ILP64 builds (the

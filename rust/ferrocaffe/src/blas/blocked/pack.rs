@@ -11,52 +11,7 @@
 use std::arch::x86_64::*;
 
 use super::{View, MR, NR};
-
-/// Transposes the 8 x 8 block held in `r` (row `i` in `r[i]`).
-#[target_feature(enable = "avx2")]
-fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
-    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-    let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-    let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-    let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-    let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-    let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-    let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-    let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-    [
-        _mm256_permute2f128_ps::<0x20>(s0, s4),
-        _mm256_permute2f128_ps::<0x20>(s1, s5),
-        _mm256_permute2f128_ps::<0x20>(s2, s6),
-        _mm256_permute2f128_ps::<0x20>(s3, s7),
-        _mm256_permute2f128_ps::<0x31>(s0, s4),
-        _mm256_permute2f128_ps::<0x31>(s1, s5),
-        _mm256_permute2f128_ps::<0x31>(s2, s6),
-        _mm256_permute2f128_ps::<0x31>(s3, s7),
-    ]
-}
-
-/// Reads `count <= 8` rows of 8 consecutive values, row `i` at `src + i * stride`; rows past
-/// `count` are zeros.
-///
-/// # Safety
-/// The `count` rows of 8 values are readable.
-#[target_feature(enable = "avx2")]
-unsafe fn rows8(src: *const f32, stride: isize, count: usize) -> [__m256; 8] {
-    let mut r = [_mm256_setzero_ps(); 8];
-    for (i, v) in r.iter_mut().enumerate().take(count) {
-        // SAFETY: as the caller says.
-        *v = unsafe { _mm256_loadu_ps(src.offset(i as isize * stride)) };
-    }
-    r
-}
+use crate::blas::transpose::{rows8, transpose8};
 
 /// Panels `panels` of the `A` block at rows `i0..i0 + mc`, columns `p0..p0 + kc` of `op(A)`,
 /// into `dst` (the block's start: panel `q` at `q * MR * kc`).

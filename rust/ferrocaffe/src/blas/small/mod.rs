@@ -227,21 +227,11 @@ thread_local! {
     static PACK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `dst (k x m) = src (m x k)^T`.
+/// `dst (k x m) = src (m x k)^T`, `dst` resized to hold it.
 fn transpose_into(src: &[f32], m: usize, k: usize, dst: &mut Vec<f32>) {
-    dst.clear();
+    // Every value is written below: only a longer buffer's new part is zeroed here.
     dst.resize(m * k, 0.0);
-    const B: usize = 16;
-    for i0 in (0..m).step_by(B) {
-        for p0 in (0..k).step_by(B) {
-            for i in i0..(i0 + B).min(m) {
-                let row = &src[i * k..(i + 1) * k];
-                for p in p0..(p0 + B).min(k) {
-                    dst[p * m + i] = row[p];
-                }
-            }
-        }
-    }
+    super::transpose::transpose(src, m, k, dst);
 }
 
 /// A matrix seen through element strides: element `(r, p)` at `ptr[r * rs + p * cs]`.
