@@ -492,7 +492,11 @@ pub(super) unsafe fn sgemm_on(
     let Some((mut a_len, b_len)) = plan.packed_lens() else {
         return false;
     };
-    let a_in_place = !trans_a && !k.is_multiple_of(ALIASING_STRIDE);
+    // A row-major A is read in place, unless its rows alias in L1 and packing it fits
+    // [`MAX_PACKED`] (at `4096^3` both operands packed would not: A is read in place there,
+    // rather than the whole product going to the `gemm` crate).
+    let fits = a_len.checked_add(b_len).is_some_and(|t| t <= MAX_PACKED);
+    let a_in_place = !trans_a && (!k.is_multiple_of(ALIASING_STRIDE) || !fits);
     if a_in_place {
         a_len = 0;
     }

@@ -220,3 +220,29 @@ fn plans_cover_the_product_and_cut_it_for_the_team() {
         }
     }
 }
+
+#[test]
+fn aliasing_a_too_large_to_pack_is_read_in_place() {
+    // Rows 1024 floats apart would be packed, but A alone exceeds MAX_PACKED: the product
+    // still runs here (A read in place) instead of falling back to the gemm crate.
+    let (m, n, k) = (MAX_PACKED / ALIASING_STRIDE + 7, 16, ALIASING_STRIDE);
+    let a = data(m * k, 1.0);
+    let b = data(k * n, 2.0);
+    for isa in available() {
+        let mut c = vec![0.0; m * n];
+        // SAFETY: as in `check_on`.
+        assert!(unsafe { sgemm_on(isa, false, false, m, n, k, 1.0, &a, &b, 0.0, &mut c, None) });
+        for i in (0..m).step_by(997).chain([m - 1]) {
+            for j in 0..n {
+                let want: f64 = (0..k)
+                    .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
+                    .sum();
+                let got = c[i * n + j] as f64;
+                assert!(
+                    (got - want).abs() <= 1e-3 * (1.0 + want.abs()),
+                    "{isa:?} C[{i}][{j}] = {got}, want {want}"
+                );
+            }
+        }
+    }
+}
