@@ -12,7 +12,7 @@
 //!
 //! Without a CBLAS library, products with one small dimension (an RNN step's batch:
 //! `m <= 64` of `A B` and `A B^T`, `k <= 64` of `A^T B`) run on this crate's own AVX-512 or AVX2
-//! kernels where the CPU has them ([`small`]): they read the large operand in place instead of
+//! kernels where the CPU has them (`small`): they read the large operand in place instead of
 //! packing it on every call ([`set_small_kernels_enabled`] turns them off; benchmarks
 //! compare). Products above a megaflop, on these kernels or on the `gemm` crate, are shared
 //! out to the team of compute threads ([`crate::threads`]). The Python package uses this
@@ -89,8 +89,8 @@ static SMALL_ENABLED: AtomicBool = AtomicBool::new(true);
 static BLOCKED_ENABLED: AtomicBool = AtomicBool::new(true);
 
 /// Turns this crate's blocked kernel for large products on or off (on by default; it runs
-/// on CPUs with AVX2 and FMA, and on AVX-512 where the CPU has it, see [`blocked`]). Off, those products
-/// run on the `gemm` crate (benchmarks compare the two).
+/// on CPUs with AVX2 and FMA, on AVX-512 where the CPU has it: the `blocked` module). Off,
+/// those products run on the `gemm` crate (benchmarks compare the two).
 pub fn set_blocked_enabled(enabled: bool) {
     BLOCKED_ENABLED.store(enabled, Ordering::Relaxed);
 }
@@ -220,8 +220,8 @@ pub fn backend() -> String {
 }
 
 /// Whether [`sgemm`] parallelizes products itself: on a CBLAS library's thread pool, or split
-/// across the team of compute threads ([`crate::threads`], machines with two or more cores). Callers that would
-/// run GEMMs on several threads at once may prefer one.
+/// across the team of compute threads ([`crate::threads`], machines with two or more cores).
+/// Callers that would run GEMMs on several threads at once may prefer one.
 pub fn gemm_is_threaded() -> bool {
     active_cblas().is_some() || threads::available()
 }

@@ -17,7 +17,7 @@
 //!
 //! Both return a new net; the op order is unchanged. Names and choices follow Caffe2's exactly,
 //! including the orders in which its C++ standard library containers were iterated
-//! ([`std_order`]).
+//! (`std_order`).
 
 mod std_order;
 

@@ -4,7 +4,7 @@
 //! (`[N, C, d1, .., dk]`) or NHWC (`[N, d1, .., dk, C]`) tensors.
 //!
 //! Four-dimensional inputs with a 2-d geometry keep running on the 2-d kernels (`conv.rs`,
-//! `pool.rs`); [`Dispatch`] picks by the input's rank at run time. Here, one index table per
+//! `pool.rs`); `Dispatch` picks by the input's rank at run time. Here, one index table per
 //! run says, for every kernel tap and output position, which input position it reads (or that it
 //! falls in the padding); convolutions use it as a generic im2col before the products, pooling
 //! as the list of each output's window.

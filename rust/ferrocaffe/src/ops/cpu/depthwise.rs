@@ -3,7 +3,7 @@
 //! the column matrix.
 //!
 //! NCHW works a plane at a time: for each tap, whole output rows get `w * input row` added,
-//! over the output columns whose input lies inside the image ([`valid_range`]), so the inner
+//! over the output columns whose input lies inside the image (`valid_range`), so the inner
 //! loop vectorizes. NHWC works a pixel at a time with the channels innermost, against the
 //! filters laid out tap-major once per call. Every output is `bias + sum over taps in (kh, kw)
 //! order`, in both layouts. Planes (NCHW) or output rows (NHWC) are shared out to the team of

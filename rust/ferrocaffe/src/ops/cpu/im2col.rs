@@ -6,7 +6,7 @@
 //! per output pixel), NHWC columns `[oH * oW, kH * kW * C/G]`.
 //!
 //! Each NCHW row is written a whole output row at a time: the output columns whose input
-//! column lies inside the image are worked out once per tap ([`valid_range`]), so the inner
+//! column lies inside the image are worked out once per tap (`valid_range`), so the inner
 //! loop is a plain copy (stride 1) or a strided gather, with no bounds test per element.
 
 use super::conv::Dims;

@@ -1,7 +1,7 @@
 //! 2-d pooling: MaxPool, AveragePool (padding not counted unless `count_include_pad`),
 //! `global_pooling`, NCHW or NHWC, and their gradients (inputs X, Y, dY).
 //!
-//! The windows along each axis are computed once per call ([`axis_windows`]); NCHW runs one
+//! The windows along each axis are computed once per call (`axis_windows`); NCHW runs one
 //! (image, channel) plane at a time, NHWC one output pixel at a time with the channels
 //! innermost (so those loops vectorize). Parts of the output run in parallel (NCHW: planes,
 //! NHWC: output rows; the gradients: planes or images).
