@@ -1,9 +1,9 @@
-//! Transposing blocks of a row-major matrix, the step that puts an operand in the layout a
-//! kernel reads: 8 x 8 blocks turned around in AVX2 registers ([`transpose8`]), the elements
-//! that do not fill a block one at a time. A plain element-by-element copy ran at about 4 cycles
-//! per element on the small kernels' transposed input: a quarter of a `64 x 64` FC's time.
+//! Transposing blocks of a row-major matrix (x86-64), the step that puts an operand in the
+//! layout a kernel reads: 8 x 8 blocks turned around in AVX2 registers ([`transpose8`]), the
+//! elements that do not fill a block one at a time. A plain element-by-element copy ran at
+//! about 4 cycles per element on the small kernels' transposed input: a quarter of a
+//! `64 x 64` FC's time.
 
-#[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
 /// `dst[..m * k]` (`k x m`, row-major) `= src[..m * k]` (`m x k`, row-major) transposed.
@@ -14,14 +14,13 @@ pub(super) fn transpose(src: &[f32], m: usize, k: usize, dst: &mut [f32]) {
     let len = m.saturating_mul(k);
     let (src, dst) = (&src[..len], &mut dst[..len]);
     // Rows and columns covered by whole 8 x 8 blocks.
-    let (m8, k8) = if avx2() {
+    let (m8, k8) = if std::arch::is_x86_feature_detected!("avx2") {
         (m - m % 8, k - k % 8)
     } else {
         (0, 0)
     };
-    #[cfg(target_arch = "x86_64")]
     if m8 > 0 && k8 > 0 {
-        // SAFETY: AVX2 is available (`avx2`); the blocks lie inside both slices.
+        // SAFETY: AVX2 is available; the blocks lie inside both slices.
         unsafe { blocks(src, m, k, m8, k8, dst) };
     }
     for i in 0..m {
@@ -32,23 +31,11 @@ pub(super) fn transpose(src: &[f32], m: usize, k: usize, dst: &mut [f32]) {
     }
 }
 
-/// Whether this CPU has AVX2 (read once).
-fn avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *OK.get_or_init(|| std::arch::is_x86_feature_detected!("avx2"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
 /// The 8 x 8 blocks of rows `0..m8` and columns `0..k8` of [`transpose`].
 ///
 /// # Safety
 /// AVX2 is available; `m8 <= m`, `k8 <= k` are multiples of 8, and both slices hold `m * k`
 /// values.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn blocks(src: &[f32], m: usize, k: usize, m8: usize, k8: usize, dst: &mut [f32]) {
     for i0 in (0..m8).step_by(8) {
@@ -66,7 +53,6 @@ unsafe fn blocks(src: &[f32], m: usize, k: usize, m8: usize, k8: usize, dst: &mu
 }
 
 /// Transposes the 8 x 8 block held in `r` (row `i` in `r[i]`).
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 pub(super) fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     let t0 = _mm256_unpacklo_ps(r[0], r[1]);
@@ -102,7 +88,6 @@ pub(super) fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
 ///
 /// # Safety
 /// The `count` rows of 8 values are readable.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn rows8(src: *const f32, stride: isize, count: usize) -> [__m256; 8] {
     let mut r = [_mm256_setzero_ps(); 8];
