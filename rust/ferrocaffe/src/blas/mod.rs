@@ -429,15 +429,16 @@ impl GemmContext {
         bias: Option<&[f32]>,
     ) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if self.blocked
-            && !trans_a
-            && k > 0
-            && m.saturating_mul(n).saturating_mul(k) >= BLOCKED_MIN_MNK
-        {
-            // SAFETY: the lengths were asserted by the callers and `k > 0` (`sgemm` checks
-            // the CPU).
+        if let Some(isa) = blocked::isa().filter(|_| {
+            self.blocked
+                && !trans_a
+                && k > 0
+                && m.saturating_mul(n).saturating_mul(k) >= BLOCKED_MIN_MNK
+        }) {
+            // SAFETY: the CPU has `isa` (`blocked::isa` picked it), the lengths were asserted
+            // by the callers and `k > 0`.
             return unsafe {
-                blocked::sgemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, bias)
+                blocked::sgemm(isa, trans_a, trans_b, m, n, k, alpha, a, b, beta, c, bias)
             };
         }
         let _ = (trans_a, trans_b, m, n, k, alpha, a, b, beta, c, bias);

@@ -443,41 +443,15 @@ fn share_packing(
     }
 }
 
-/// `C = alpha op(A) op(B) + beta C (+ bias in every row)` on the blocked kernel [`isa`]
-/// picks, when one does and the product fits ([`sgemm_on`]); returns false, having done
-/// nothing, otherwise.
-///
-/// # Safety
-/// `a`, `b`, `c` (and `bias`, `n` values) hold the matrices of these sizes; `k > 0`.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn sgemm(
-    trans_a: bool,
-    trans_b: bool,
-    m: usize,
-    n: usize,
-    k: usize,
-    alpha: f32,
-    a: &[f32],
-    b: &[f32],
-    beta: f32,
-    c: &mut [f32],
-    bias: Option<&[f32]>,
-) -> bool {
-    let Some(isa) = isa() else {
-        return false;
-    };
-    // SAFETY: the CPU has the kernel `isa` picked; the rest as the caller says.
-    unsafe { sgemm_on(isa, trans_a, trans_b, m, n, k, alpha, a, b, beta, c, bias) }
-}
-
-/// [`sgemm`] on the kernels of `isa`: false, having done nothing, when the packed operands
-/// would exceed [`MAX_PACKED`] or cannot be allocated.
+/// `C = alpha op(A) op(B) + beta C (+ bias in every row)` on the kernels of `isa` (the one
+/// [`isa`] picks, for the engine's products); false, having done nothing, when the packed
+/// operands would exceed [`MAX_PACKED`] or cannot be allocated.
 ///
 /// # Safety
 /// The CPU has `isa` ([`available`]); `a`, `b`, `c` (and `bias`, `n` values) hold the
 /// matrices of these sizes; `k > 0`.
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn sgemm_on(
+pub(super) unsafe fn sgemm(
     isa: Isa,
     trans_a: bool,
     trans_b: bool,
@@ -496,8 +470,8 @@ pub(super) unsafe fn sgemm_on(
         return false;
     };
     // A row-major A is read in place, unless its rows alias in L1 and packing it fits
-    // [`MAX_PACKED`] (at `4096^3` both operands packed would not: A is read in place there,
-    // rather than the whole product going to the `gemm` crate).
+    // [`MAX_PACKED`] (beyond that, reading it in place keeps the product on this kernel rather
+    // than sending it to the `gemm` crate).
     let fits = a_len.checked_add(b_len).is_some_and(|t| t <= MAX_PACKED);
     let a_in_place = !trans_a && (!k.is_multiple_of(ALIASING_STRIDE) || !fits);
     if a_in_place {

@@ -38,7 +38,7 @@ fn check_on(
     let mut c = c0.to_vec();
     // SAFETY: `isa` is available, with matrices of these sizes.
     let ran = unsafe {
-        sgemm_on(
+        sgemm(
             isa,
             ta,
             tb,
@@ -132,7 +132,7 @@ fn beta_zero_overwrites_nan() {
     for isa in available() {
         let mut c = vec![f32::NAN; m * n];
         // SAFETY: as in `check_on`.
-        assert!(unsafe { sgemm_on(isa, false, false, m, n, k, 1.0, &a, &b, 0.0, &mut c, None) });
+        assert!(unsafe { sgemm(isa, false, false, m, n, k, 1.0, &a, &b, 0.0, &mut c, None) });
         assert!(c.iter().all(|v| v.is_finite()), "{isa:?}");
     }
 }
@@ -150,11 +150,11 @@ fn results_do_not_depend_on_the_threads() {
         let mut solo = vec![0.0; m * n];
         // SAFETY: as in `check_on`.
         unsafe {
-            assert!(sgemm_on(
+            assert!(sgemm(
                 isa, false, true, m, n, k, 1.0, &a, &b, 0.0, &mut team, None
             ));
             crate::threads::single_threaded(|| {
-                assert!(sgemm_on(
+                assert!(sgemm(
                     isa, false, true, m, n, k, 1.0, &a, &b, 0.0, &mut solo, None
                 ))
             });
@@ -176,7 +176,7 @@ fn kernels_agree_bit_for_bit() {
         let mut c = data(m * n, 3.0);
         // SAFETY: as in `check_on`.
         assert!(unsafe {
-            sgemm_on(
+            sgemm(
                 isa,
                 false,
                 false,
@@ -231,7 +231,7 @@ fn aliasing_a_too_large_to_pack_is_read_in_place() {
     for isa in available() {
         let mut c = vec![0.0; m * n];
         // SAFETY: as in `check_on`.
-        assert!(unsafe { sgemm_on(isa, false, false, m, n, k, 1.0, &a, &b, 0.0, &mut c, None) });
+        assert!(unsafe { sgemm(isa, false, false, m, n, k, 1.0, &a, &b, 0.0, &mut c, None) });
         for i in (0..m).step_by(997).chain([m - 1]) {
             for j in 0..n {
                 let want: f64 = (0..k)
