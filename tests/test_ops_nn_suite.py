@@ -452,3 +452,81 @@ def test_compat_restores_inspect_getargspec():
         assert (spec.varargs, spec.keywords) == ("rest", "kw")
     finally:
         ferrocaffe.compat.uninstall()
+
+
+# 2-d pooling runs on three kernels: NHWC pixels (channels in blocks of 32 and 8, a last
+# overlapping block, or one by one under 8), NCHW planes 32 or more wide (a padded row per
+# output row), and narrower NCHW planes pooled through NHWC (also the fallback when the
+# padding is much wider than the input). Shapes reach each, in one part and split in many.
+POOL_2D_CASES = [
+    # (n, c, h, w, kernel, stride, pads [t, l, b, r])
+    (2, 3, 9, 11, (3, 3), (2, 2), (1, 1, 1, 1)),
+    (3, 20, 24, 24, (2, 2), (2, 2), (0, 0, 0, 0)),
+    (2, 40, 15, 15, (3, 3), (2, 2), (0, 0, 0, 0)),
+    (1, 9, 7, 7, (3, 3), (1, 1), (1, 1, 1, 1)),
+    (2, 5, 36, 40, (3, 2), (2, 3), (1, 1, 0, 1)),
+    (3, 8, 33, 32, (5, 5), (1, 1), (2, 2, 2, 2)),
+    (1, 2, 34, 35, (1, 1), (3, 2), (0, 0, 0, 0)),
+    (1, 3, 5, 33, (3, 200), (1, 1), (1, 100, 1, 100)),
+    (4, 33, 16, 16, (3, 3), (2, 2), (1, 0, 1, 0)),
+]
+
+
+@pytest.mark.parametrize("case", POOL_2D_CASES)
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+@pytest.mark.parametrize(
+    ("op_type", "include_pad"),
+    [("MaxPool", False), ("AveragePool", False), ("AveragePool", True)],
+)
+def test_2d_pooling_matches_the_reference_on_every_kernel(case, order, op_type, include_pad):
+    n, c, h, w, k, s, pads = case
+    x = np.random.default_rng(7).standard_normal((n, c, h, w)).astype(f32)
+    want = ref_pool_nd(x, op_type, list(k), list(s), list(pads), include_pad)
+    xi = x if order == "NCHW" else np.ascontiguousarray(utils.NCHW2NHWC(x))
+    (y,) = run(
+        op_type,
+        [xi],
+        ["Y"],
+        kernel_h=k[0],
+        kernel_w=k[1],
+        stride_h=s[0],
+        stride_w=s[1],
+        pad_t=pads[0],
+        pad_l=pads[1],
+        pad_b=pads[2],
+        pad_r=pads[3],
+        order=order,
+        count_include_pad=include_pad,
+    )
+    if order == "NHWC":
+        y = utils.NHWC2NCHW(y)
+    assert y.shape == want.shape
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("c", [3, 20])
+@pytest.mark.parametrize("w", [12, 40])
+def test_2d_global_pooling_on_every_kernel(order, c, w):
+    x = np.random.default_rng(8).standard_normal((2, c, 5, w)).astype(f32)
+    xi = x if order == "NCHW" else np.ascontiguousarray(utils.NCHW2NHWC(x))
+    for op_type, red in (("MaxPool", x.max(axis=(2, 3))), ("AveragePool", x.mean(axis=(2, 3)))):
+        (y,) = run(op_type, [xi], ["Y"], global_pooling=1, order=order)
+        np.testing.assert_allclose(y.reshape(2, c), red, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("w", [12, 40])
+def test_2d_max_pooling_never_picks_a_nan(order, w):
+    # A NaN loses to every number, so a window with one gives the max of the others, and a
+    # window of NaNs only gives -inf; the same on every kernel.
+    x = np.random.default_rng(9).standard_normal((1, 10, 4, w)).astype(f32)
+    x[0, :, 0:2, 0:2] = np.nan
+    x[0, 3, 0, :] = np.nan
+    want = ref_pool_nd(np.where(np.isnan(x), -np.inf, x), "MaxPool", [2, 2], [2, 2], [0] * 4)
+    xi = x if order == "NCHW" else np.ascontiguousarray(utils.NCHW2NHWC(x))
+    (y,) = run("MaxPool", [xi], ["Y"], kernel=2, stride=2, order=order)
+    if order == "NHWC":
+        y = utils.NHWC2NCHW(y)
+    assert y[0, 0, 0, 0] == -np.inf
+    np.testing.assert_array_equal(y, want.astype(f32))

@@ -239,6 +239,22 @@ pub(crate) fn part_len(items: usize, work: usize) -> usize {
     items.div_ceil(parts).max(1)
 }
 
+/// `dst[..m * k]` (`k x m`, row-major) `= src[..m * k]` (`m x k`, row-major) transposed: in
+/// 8 x 8 register blocks where the CPU has AVX2.
+///
+/// # Panics
+/// When `src` or `dst` holds fewer than `m * k` values.
+pub(crate) fn transpose_f32(src: &[f32], m: usize, k: usize, dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    transpose::transpose(src, m, k, dst);
+    #[cfg(not(target_arch = "x86_64"))]
+    for (i, row) in src[..m * k].chunks_exact(k.max(1)).enumerate() {
+        for (p, &v) in row.iter().enumerate() {
+            dst[p * m + i] = v;
+        }
+    }
+}
+
 fn active_cblas() -> Option<&'static Cblas> {
     GemmContext::current().cblas()
 }

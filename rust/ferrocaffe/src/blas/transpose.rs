@@ -8,40 +8,44 @@ use std::arch::x86_64::*;
 
 /// `dst[..m * k]` (`k x m`, row-major) `= src[..m * k]` (`m x k`, row-major) transposed.
 ///
+/// With 8 or more rows and columns, every element is in some 8 x 8 block: when a side is not
+/// a multiple of 8, its last block starts 8 before its end and overlaps the one before (the
+/// values it writes again are the same). Only a matrix thinner than 8 goes element by element.
+///
 /// # Panics
 /// When `src` or `dst` holds fewer than `m * k` values.
 pub(super) fn transpose(src: &[f32], m: usize, k: usize, dst: &mut [f32]) {
     let len = m.saturating_mul(k);
     let (src, dst) = (&src[..len], &mut dst[..len]);
-    // Rows and columns covered by whole 8 x 8 blocks.
-    let (m8, k8) = if std::arch::is_x86_feature_detected!("avx2") {
-        (m - m % 8, k - k % 8)
-    } else {
-        (0, 0)
-    };
-    if m8 > 0 && k8 > 0 {
-        // SAFETY: AVX2 is available; the blocks lie inside both slices.
-        unsafe { blocks(src, m, k, m8, k8, dst) };
+    if m >= 8 && k >= 8 && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is available; m, k >= 8 and both slices hold m * k values.
+        unsafe { blocks(src, m, k, dst) };
+        return;
     }
-    for i in 0..m {
-        let from = if i < m8 { k8 } else { 0 };
-        for p in from..k {
-            dst[p * m + i] = src[i * k + p];
+    for (i, row) in src.chunks_exact(k.max(1)).enumerate() {
+        for (p, &v) in row.iter().enumerate() {
+            dst[p * m + i] = v;
         }
     }
 }
 
-/// The 8 x 8 blocks of rows `0..m8` and columns `0..k8` of [`transpose`].
+/// Block starts along a side of `n >= 8`: `0, 8, ..`, and `n - 8` when `n` is not a multiple.
+fn starts(n: usize) -> impl Iterator<Item = usize> {
+    (0..n - n % 8)
+        .step_by(8)
+        .chain((!n.is_multiple_of(8)).then_some(n - 8))
+}
+
+/// The 8 x 8 blocks of [`transpose`].
 ///
 /// # Safety
-/// AVX2 is available; `m8 <= m`, `k8 <= k` are multiples of 8, and both slices hold `m * k`
-/// values.
+/// AVX2 is available; `m, k >= 8`, and both slices hold `m * k` values.
 #[target_feature(enable = "avx2")]
-unsafe fn blocks(src: &[f32], m: usize, k: usize, m8: usize, k8: usize, dst: &mut [f32]) {
-    for i0 in (0..m8).step_by(8) {
-        for p0 in (0..k8).step_by(8) {
-            // SAFETY: rows `i0..i0 + 8` and columns `p0..p0 + 8` lie in `src`, and the
-            // transposed block in `dst`.
+unsafe fn blocks(src: &[f32], m: usize, k: usize, dst: &mut [f32]) {
+    for i0 in starts(m) {
+        for p0 in starts(k) {
+            // SAFETY: rows `i0..i0 + 8 <= m` and columns `p0..p0 + 8 <= k` lie in `src`, and
+            // the transposed block in `dst`.
             unsafe {
                 let t = transpose8(rows8(src.as_ptr().add(i0 * k + p0), k as isize, 8));
                 for (c, v) in t.iter().enumerate() {
@@ -113,6 +117,10 @@ mod tests {
             (16, 8),
             (64, 64),
             (20, 33),
+            (7, 40),
+            (40, 7),
+            (144, 20),
+            (12, 12),
         ] {
             let src: Vec<f32> = (0..m * k).map(|v| v as f32).collect();
             let mut dst = vec![f32::NAN; m * k];

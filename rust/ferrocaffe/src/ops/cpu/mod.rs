@@ -115,6 +115,7 @@ pub mod pad_image;
 pub mod padding;
 pub(crate) mod par;
 pub mod pool;
+mod pool_fwd;
 pub mod queue;
 pub mod reduce;
 pub mod reduce_front_back;

@@ -1,15 +1,18 @@
 //! 2-d pooling: MaxPool, AveragePool (padding not counted unless `count_include_pad`),
 //! `global_pooling`, NCHW or NHWC, and their gradients (inputs X, Y, dY).
 //!
-//! The windows along each axis are computed once per call (`axis_windows`); NCHW runs one
-//! (image, channel) plane at a time, NHWC one output pixel at a time with the channels
-//! innermost (so those loops vectorize). Parts of the output run in parallel (NCHW: planes,
-//! NHWC: output rows; the gradients: planes or images).
+//! The windows along each axis are computed once per call (`axis_windows`). The forward
+//! kernels are in [`super::pool_fwd`] (vectorized per SIMD level); the gradients run here,
+//! NCHW one (image, channel) plane at a time, NHWC one output pixel at a time with the
+//! channels innermost. Parts of the output run in parallel (forward: planes or output rows;
+//! gradients: planes or images).
 
 use super::conv_args::{Geometry, Order};
 use super::conv_nd::{Dispatch, NdGeometry, PoolKind, PoolNd};
 use super::par::for_each_chunk;
+use super::pool_fwd;
 use crate::bail;
+use crate::blas::for_each_part;
 use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
@@ -132,100 +135,29 @@ impl Pool {
         )
     }
 
-    /// The divisor of an average over the window `(r, c)` of `count` input values.
+    /// The forward kernels' view of a run.
+    fn fwd_geo<'a>(&self, s: Shape, rows: &'a [Win], cols: &'a [Win]) -> pool_fwd::Geo<'a> {
+        let (_, _, h, w, _, kw, oh, ow) = s;
+        let global = self.g.global;
+        pool_fwd::Geo {
+            max: self.max,
+            include_pad: self.include_pad,
+            h,
+            w,
+            oh,
+            ow,
+            rows,
+            cols,
+            kw,
+            sw: if global { 1 } else { self.g.stride[1] },
+            pw: if global { 0 } else { self.g.pad[1] },
+        }
+    }
+
+    /// The divisor of an average over the window `(r, c)`.
     #[inline]
     fn divisor(&self, r: &Win, c: &Win) -> f32 {
-        if self.include_pad {
-            r.span.saturating_mul(c.span).max(1) as f32
-        } else {
-            ((r.end - r.start) * (c.end - c.start)).max(1) as f32
-        }
-    }
-}
-
-/// Forward over NCHW planes: `y` holds whole output planes starting at plane `first`. Each
-/// output row first reduces the input rows of its window column by column into `acc` (`w`
-/// values; contiguous, so it vectorizes), then each output reduces its columns of `acc`.
-#[allow(clippy::too_many_arguments)]
-fn forward_nchw(
-    p: &Pool,
-    s: Shape,
-    rows: &[Win],
-    cols: &[Win],
-    x: &[f32],
-    first: usize,
-    y: &mut [f32],
-    acc: &mut [f32],
-) {
-    let (_, _, h, w, _, _, oh, ow) = s;
-    let init = if p.max { f32::NEG_INFINITY } else { 0.0 };
-    for (k, yp) in y.chunks_mut(oh * ow).enumerate() {
-        let plane = first + k;
-        let xp = &x[plane * h * w..(plane + 1) * h * w];
-        for (r, yrow) in rows.iter().zip(yp.chunks_mut(ow)) {
-            acc.fill(init);
-            for xr in xp[r.start * w..r.end * w].chunks_exact(w) {
-                if p.max {
-                    for (a, &v) in acc.iter_mut().zip(xr) {
-                        *a = a.max(v);
-                    }
-                } else {
-                    for (a, &v) in acc.iter_mut().zip(xr) {
-                        *a += v;
-                    }
-                }
-            }
-            for (o, c) in yrow.iter_mut().zip(cols) {
-                let taps = &acc[c.start..c.end];
-                *o = if p.max {
-                    taps.iter().fold(init, |m, &v| m.max(v))
-                } else {
-                    taps.iter().sum::<f32>() / p.divisor(r, c)
-                };
-            }
-        }
-    }
-}
-
-/// Forward over NHWC output rows: `y` holds whole output rows (`ow * c` values) starting at
-/// row `first` (of `n * oh`).
-fn forward_nhwc(
-    p: &Pool,
-    s: Shape,
-    rows: &[Win],
-    cols: &[Win],
-    x: &[f32],
-    first: usize,
-    y: &mut [f32],
-) {
-    let (_, c, h, w, _, _, oh, ow) = s;
-    for (k, yrow) in y.chunks_mut(ow * c).enumerate() {
-        let (img, oy) = ((first + k) / oh, (first + k) % oh);
-        let r = &rows[oy];
-        let xi = &x[img * h * w * c..(img + 1) * h * w * c];
-        for (out, col) in yrow.chunks_mut(c).zip(cols) {
-            out.fill(if p.max { f32::NEG_INFINITY } else { 0.0 });
-            for iy in r.start..r.end {
-                let xr = &xi[(iy * w + col.start) * c..(iy * w + col.end) * c];
-                for px in xr.chunks_exact(c) {
-                    if p.max {
-                        for (o, &v) in out.iter_mut().zip(px) {
-                            *o = o.max(v);
-                        }
-                    } else {
-                        for (o, &v) in out.iter_mut().zip(px) {
-                            *o += v;
-                        }
-                    }
-                }
-            }
-            if !p.max {
-                let d = p.divisor(r, col);
-                for o in out.iter_mut() {
-                    *o /= d;
-                }
-            }
-        }
+        pool_fwd::divisor(self.include_pad, r, c)
     }
 }
 
@@ -350,17 +282,30 @@ impl Operator for Pool {
                 return Ok(());
             }
             let (rows, cols) = self.windows(s);
+            let g = self.fwd_geo(s, &rows, &cols);
             if nhwc {
                 let unit = ow * c;
                 for_each_chunk(y, unit, unit.saturating_mul(win), &|first, part| {
-                    forward_nhwc(self, s, &rows, &cols, xs, first, part)
+                    pool_fwd::nhwc_rows(&g, c, xs, first, part)
+                });
+            } else if let Some(len) = g.padded_len().filter(|_| w >= pool_fwd::WIDE) {
+                let unit = oh * ow;
+                for_each_chunk(y, unit, unit.saturating_mul(win), &|first, part| {
+                    // Scratch no longer than a few input rows (`padded_len`).
+                    let (mut acc, mut hm) = (vec![0f32; len], vec![0f32; len + 1 - g.kw]);
+                    pool_fwd::nchw_planes(&g, xs, first, part, &mut acc, &mut hm)
                 });
             } else {
                 let unit = oh * ow;
-                for_each_chunk(y, unit, unit.saturating_mul(win), &|first, part| {
-                    // One input row of scratch (w <= X's size).
-                    let mut acc = vec![0f32; w];
-                    forward_nchw(self, s, &rows, &cols, xs, first, part, &mut acc)
+                let planes = n * c;
+                let per = pool_fwd::planes_per_part(planes, planes.saturating_mul(unit * win));
+                let parts: Vec<(usize, &mut [f32])> = y
+                    .chunks_mut(per * unit)
+                    .enumerate()
+                    .map(|(i, part)| (i * per, part))
+                    .collect();
+                for_each_part(parts, &|(first, part)| {
+                    pool_fwd::nchw_through_nhwc(&g, c, xs, first, part)
                 });
             }
             return Ok(());
