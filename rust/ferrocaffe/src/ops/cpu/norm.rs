@@ -384,6 +384,76 @@ type Finish<'a> = dyn Fn(usize, &[f32], &mut [f32]) + Sync + 'a;
 /// Windows longer than this sum as a running sum (in f64) instead of term by term.
 const LRN_DIRECT_MAX: usize = 9;
 
+/// `sums[i] = padded[i] + padded[i + 1] + .. + padded[i + terms - 1]`, in that order
+/// (compiled per SIMD level, chosen at run time).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn term_sums(padded: &[f32], terms: usize, sums: &mut [f32]) {
+    sums.fill(0.0);
+    for t in 0..terms {
+        for (s, &v) in sums.iter_mut().zip(&padded[t..]) {
+            *s += v;
+        }
+    }
+}
+
+/// `sums += plane^2` (`square`) or `sums += plane` (compiled per SIMD level).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn add_plane(square: bool, sums: &mut [f32], plane: &[f32]) {
+    if square {
+        for (s, &v) in sums.iter_mut().zip(plane) {
+            *s += v * v;
+        }
+    } else {
+        for (s, &v) in sums.iter_mut().zip(plane) {
+            *s += v;
+        }
+    }
+}
+
+/// `o = x * (bias + a * sums)^-beta`, element by element (compiled per SIMD level).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn lrn_out(beta: Beta, (a, bias): (f32, f32), x: &[f32], sums: &[f32], o: &mut [f32]) {
+    with_neg_pow!(beta, p => {
+        for ((o, &s), &v) in o.iter_mut().zip(sums).zip(x) {
+            *o = v * p(bias + a * s);
+        }
+    });
+}
+
+/// `o = dy * scale^-beta - k * x * sums`, element by element: the LRN gradient's last step
+/// (compiled per SIMD level).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn lrn_grad_out(
+    beta: Beta,
+    k: f32,
+    (x, dy, scale): (&[f32], &[f32], &[f32]),
+    sums: &[f32],
+    o: &mut [f32],
+) {
+    with_neg_pow!(beta, p => {
+        let it = o.iter_mut().zip(sums).zip(x).zip(dy).zip(scale);
+        for ((((o, &acc), &xv), &g), &s) in it {
+            *o = g * p(s) - k * xv * acc;
+        }
+    });
+}
+
 /// The channel-window sums of `f(src)` (`f` the square when `SQUARE`, else the identity) for
 /// the NCHW planes `first..` (of `c` channels of `inner` values each), one plane at a time:
 /// `finish(plane, sums, out_plane)` gets the sums of each plane. The window of channel `ch`
@@ -409,9 +479,7 @@ fn lrn_planes<const SQUARE: bool>(
         if !running {
             sums.fill(0.0);
             for j in lo..hi {
-                for (s, &v) in sums.iter_mut().zip(src_plane(j)) {
-                    *s += f(v);
-                }
+                add_plane(SQUARE, sums, src_plane(j));
             }
         } else {
             if k == 0 || ch == 0 {
@@ -461,12 +529,7 @@ fn lrn_pixels<const SQUARE: bool>(
         }
         if !running {
             // Term by term in channel order (the zero padding adds nothing).
-            sums.fill(0.0);
-            for t in 0..=2 * pre {
-                for (s, &v) in sums.iter_mut().zip(&padded[t..t + c]) {
-                    *s += v;
-                }
-            }
+            term_sums(padded, 2 * pre + 1, sums);
         } else {
             let mut a: f64 = padded[..2 * pre].iter().map(|&v| f64::from(v)).sum();
             for (ch, s) in sums.iter_mut().enumerate() {
@@ -569,12 +632,10 @@ impl Lrn {
         let (a, bias) = (self.alpha / self.size as f32, self.bias);
         {
             let y = outs.tensor(0)?.ensure::<f32>(&dims);
-            with_neg_pow!(self.kind(), p => self.windows(x, shape, true, y, &|u, sums, o| {
-                let xs = &x[u * unit..(u + 1) * unit];
-                for ((o, &s), &v) in o.iter_mut().zip(sums).zip(xs) {
-                    *o = v * p(bias + a * s);
-                }
-            }));
+            let beta = self.kind();
+            self.windows(x, shape, true, y, &|u, sums, o| {
+                lrn_out(beta, (a, bias), &x[u * unit..(u + 1) * unit], sums, o)
+            });
         }
         if want_scale {
             let s = outs.tensor(1)?.ensure::<f32>(&dims);
@@ -622,13 +683,12 @@ impl Lrn {
             let unit = if self.nhwc { shape.1 } else { shape.2 };
             let cache_ratio = 2.0 * self.alpha * self.beta / self.size as f32;
             let scale = scale.as_slice();
-            with_neg_pow!(self.kind(), p => self.windows(&ratio, shape, false, &mut dx, &|u, sums, o| {
+            let beta = self.kind();
+            self.windows(&ratio, shape, false, &mut dx, &|u, sums, o| {
                 let r = u * unit..(u + 1) * unit;
-                let it = o.iter_mut().zip(sums).zip(&x[r.clone()]).zip(&dy[r.clone()]).zip(&scale[r]);
-                for ((((o, &acc), &xv), &g), &s) in it {
-                    *o = g * p(s) - cache_ratio * xv * acc;
-                }
-            }));
+                let io = (&x[r.clone()], &dy[r.clone()], &scale[r]);
+                lrn_grad_out(beta, cache_ratio, io, sums, o)
+            });
         }
         ctx.output(0)?.ensure::<f32>(&dims).copy_from_slice(&dx);
         Ok(())
