@@ -105,6 +105,10 @@ struct Team {
     job: AtomicUsize,
     /// Counts posted jobs: a helper works when it sees a new value.
     epoch: AtomicU64,
+    /// Helpers `0..width` join the posted job (one fewer than its pieces, the caller takes
+    /// one): the others leave it alone, so a job of a few pieces on a many-core machine does
+    /// not have every spinning helper touch its counters.
+    width: AtomicUsize,
     /// Helpers that may be reading the posted job; the caller waits for 0 after clearing it.
     joined: AtomicUsize,
     /// Held by the caller that owns the team for the current job.
@@ -151,6 +155,7 @@ fn team() -> Option<&'static Team> {
         let t: &'static Team = Box::leak(Box::new(Team {
             job: AtomicUsize::new(0),
             epoch: AtomicU64::new(0),
+            width: AtomicUsize::new(0),
             joined: AtomicUsize::new(0),
             busy: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
@@ -173,6 +178,11 @@ fn serve(t: &'static Team, i: usize) -> ! {
     let mut seen = 0u64;
     loop {
         seen = wait_for_job(t, i, seen);
+        // A width read from a later job only makes this helper join or skip that one:
+        // skipping is always safe (the caller runs every piece nobody took).
+        if i >= t.width.load(Ordering::SeqCst) {
+            continue;
+        }
         t.joined.fetch_add(1, Ordering::SeqCst);
         let job = t.job.load(Ordering::SeqCst);
         if job != 0 {
@@ -258,17 +268,14 @@ pub fn run_parts(parts: usize, piece: &(dyn Fn(usize) + Sync)) {
     let finish = Finish { t };
     t.job
         .store(&job as *const Job<'_> as usize, Ordering::SeqCst);
+    let width = (parts - 1).min(t.slots.len());
+    t.width.store(width, Ordering::SeqCst);
     t.epoch.fetch_add(1, Ordering::SeqCst);
-    // Wake as many parked helpers as there are pieces for them.
-    let mut wake = parts - 1;
-    for s in &t.slots {
-        if wake == 0 {
-            break;
-        }
+    // Wake those of the joining helpers that are parked.
+    for s in &t.slots[..width] {
         if s.parked.load(Ordering::SeqCst) {
             s.thread.unpark();
         }
-        wake -= 1;
     }
     job.work(true);
     drop(finish);
@@ -364,6 +371,23 @@ mod tests {
             hits.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(hits.load(Ordering::Relaxed), 6);
+    }
+
+    #[test]
+    fn a_job_of_two_pieces_runs_on_the_caller_and_the_first_helper_only() {
+        let names = std::sync::Mutex::new(Vec::new());
+        for _ in 0..50 {
+            run_parts(2, &|_| {
+                let name = std::thread::current().name().map(str::to_string);
+                names.lock().unwrap().push(name);
+                std::thread::sleep(Duration::from_micros(100));
+            });
+        }
+        let me = std::thread::current().name().map(str::to_string);
+        let helper = Some("ferrocaffe-compute-0".to_string());
+        for n in names.into_inner().unwrap() {
+            assert!(n == me || n == helper, "a piece ran on {n:?}");
+        }
     }
 
     #[test]

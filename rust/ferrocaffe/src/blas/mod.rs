@@ -226,15 +226,22 @@ pub fn gemm_is_threaded() -> bool {
     active_cblas().is_some() || threads::available()
 }
 
+/// Values of element-wise work in the smallest part worth handing to another thread (a few
+/// microseconds on one core, against a hand-off of about one).
+const PART_GRAIN: usize = 1 << 13;
+
 /// How many of `items` (rows, or columns) go in each part when element-wise work of `work`
 /// values in all is cut up for [`for_each_part`]: all of them (one part) below 16k values,
 /// where the hand-off would cost more than it saves, or when a CBLAS library runs the
-/// products (its spinning workers own the cores); else about two parts per thread.
+/// products (its spinning workers own the cores); else one part per [`PART_GRAIN`] values,
+/// up to about two parts per thread. So a job's threads grow with its work: on a many-core
+/// machine a 16k-value op takes 2 threads, not all of them.
 pub(crate) fn part_len(items: usize, work: usize) -> usize {
     let parts = if work < 1 << 14 || active_cblas().is_some() || !threads::available() {
         1
     } else {
-        items.clamp(1, threads::num_threads().saturating_mul(2).max(4))
+        let most = threads::num_threads().saturating_mul(2).max(4);
+        items.min(work / PART_GRAIN).clamp(1, most)
     };
     items.div_ceil(parts).max(1)
 }

@@ -21,7 +21,7 @@
 //!   an operand held constant ([`super::constant`]: an RNN's weight over its timesteps) is
 //!   cut in those strips once and read from them by every product.
 //!
-//! Products above a megaflop are cut in about [`pieces()`] pieces (disjoint parts of `C`, along
+//! Products above a megaflop are cut in about [`pieces`] pieces (disjoint parts of `C`, along
 //! the dimension that splits the large operand) shared out to the team of compute threads
 //! ([`crate::threads`]). Each element of `C` is one fused multiply-add chain over the
 //! inner dimension in order, whatever tile, piece or vector width it falls in, so results do
@@ -51,10 +51,16 @@ mod avx512;
 const SMALL: usize = 64;
 /// Products of at least this many flops are shared out to the team of compute threads...
 const SPLIT_FLOPS: usize = 1 << 20;
-/// ... in about this many pieces, which the threads share out as they go.
-fn pieces() -> usize {
-    crate::threads::num_threads().saturating_mul(4).max(8)
+/// ... in about this many pieces, which the threads share out as they go: four per thread,
+/// but none under [`PIECE_FLOPS`], so that a product's threads grow with its size (on 16
+/// cores a megaflop product is cut in 8 pieces, not 64).
+fn pieces(flops: usize) -> usize {
+    let most = crate::threads::num_threads().saturating_mul(4).max(8);
+    (flops / PIECE_FLOPS).clamp(2, most)
 }
+
+/// The fewest flops worth a piece of their own (a few microseconds on one core).
+const PIECE_FLOPS: usize = 1 << 17;
 
 /// The vector instruction set the kernels run on.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -282,20 +288,21 @@ unsafe impl Sync for Problem<'_> {}
 
 impl Problem<'_> {
     fn run(&self) {
-        if 2 * self.rows * self.cols * self.k < SPLIT_FLOPS {
+        let flops = 2 * self.rows * self.cols * self.k;
+        if flops < SPLIT_FLOPS {
             self.block(0, self.rows, 0, self.cols);
             return;
         }
         // Pieces along the larger operand: Q's columns (in whole 48-column blocks, a multiple
         // of every tile width) or P's rows (in multiples of 12), about PIECES of them.
         if self.cols >= self.rows && self.cols >= 96 {
-            let width = (self.cols.div_ceil(pieces())).div_ceil(48) * 48;
+            let width = (self.cols.div_ceil(pieces(flops))).div_ceil(48) * 48;
             let parts = self.cols.div_ceil(width);
             run_parts(parts, &|i| {
                 self.block(0, self.rows, i * width, ((i + 1) * width).min(self.cols))
             });
         } else {
-            let height = (self.rows.div_ceil(pieces())).div_ceil(12) * 12;
+            let height = (self.rows.div_ceil(pieces(flops))).div_ceil(12) * 12;
             let parts = self.rows.div_ceil(height);
             run_parts(parts, &|i| {
                 self.block(i * height, ((i + 1) * height).min(self.rows), 0, self.cols)
