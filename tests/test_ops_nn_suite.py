@@ -530,3 +530,31 @@ def test_2d_max_pooling_never_picks_a_nan(order, w):
         y = utils.NHWC2NCHW(y)
     assert y[0, 0, 0, 0] == -np.inf
     np.testing.assert_array_equal(y, want.astype(f32))
+
+
+# Float permutations that amount to a batch of 2-d transposes run on 8x8 register blocks
+# (edges too); the rest, and other types, on the general loop. Both against numpy.
+@pytest.mark.parametrize(
+    ("shape", "axes"),
+    [
+        ((2, 3, 4, 5), (0, 2, 3, 1)),
+        ((2, 9, 11, 3), (0, 3, 1, 2)),
+        ((4, 6, 2, 3), (2, 3, 0, 1)),
+        ((9, 17), (1, 0)),
+        ((3, 20, 33), (0, 2, 1)),
+        ((2, 16, 8), (0, 2, 1)),
+        ((2, 3, 4, 5), (1, 0, 2, 3)),
+        ((2, 3, 4, 5), (3, 1, 2, 0)),
+        ((1, 0, 3), (0, 2, 1)),
+    ],
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_transpose_matches_numpy(shape, axes, dtype):
+    x = (np.random.default_rng(3).standard_normal(shape) * 100).astype(dtype)
+    (y,) = run("Transpose", [x], ["Y"], axes=list(axes))
+    np.testing.assert_array_equal(y, x.transpose(axes))
+    if len(shape) == 4:
+        (a,) = run("NCHW2NHWC", [x], ["Y"])
+        (b,) = run("NHWC2NCHW", [x], ["Y"])
+        np.testing.assert_array_equal(a, x.transpose(0, 2, 3, 1))
+        np.testing.assert_array_equal(b, x.transpose(0, 3, 1, 2))

@@ -4,11 +4,12 @@
 //!
 //! Ops that only change the shape share the input's buffer copy-on-write (no copy).
 
+use crate::blas::transpose_f32;
 use crate::dispatch;
 use crate::error::{Error, Result};
 use crate::ops::operator::{FnOp, OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
-use crate::tensor::Element;
+use crate::tensor::{DataType, Element};
 use crate::workspace::Blob;
 use crate::{bail, err};
 
@@ -284,6 +285,27 @@ fn permute<T: Element>(x: &[T], dims: &[usize], perm: &[usize], out: &mut [T]) {
     }
 }
 
+/// `(a, b, c)` when permuting `dims` by `perm` is the same as taking an `(a, b, c)` array to
+/// `(a, c, b)` (NCHW2NHWC: `(N, C, H * W)`): the axes that stay neighbours, in order, merge.
+fn as_batched_transpose(dims: &[usize], perm: &[usize]) -> Option<(usize, usize, usize)> {
+    // Runs of input axes `start..end` that stay together, in output order.
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &p in perm {
+        match runs.last_mut() {
+            Some(run) if run.1 == p => run.1 += 1,
+            _ => runs.push((p, p + 1)),
+        }
+    }
+    let size = |(lo, hi): (usize, usize)| dims[lo..hi].iter().product::<usize>();
+    match runs.as_slice() {
+        // (b, c) -> (c, b)
+        &[r0, r1] if r0.0 > r1.0 => Some((1, size(r1), size(r0))),
+        // (a, b, c) -> (a, c, b)
+        &[r0, r1, r2] if r0.0 < r2.0 && r2.0 < r1.0 => Some((size(r0), size(r2), size(r1))),
+        _ => None,
+    }
+}
+
 fn transpose(ctx: &mut OpContext<'_>, perm: &[usize]) -> Result<()> {
     let (ins, mut outs) = ctx.split();
     let x = ins.tensor(0)?;
@@ -296,6 +318,17 @@ fn transpose(ctx: &mut OpContext<'_>, perm: &[usize]) -> Result<()> {
     }
     let out_dims: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
     let y = outs.tensor(0)?;
+    if let (Some((a, b, c)), DataType::Float) = (as_batched_transpose(&dims, perm), x.dtype()) {
+        let xs = x.as_slice::<f32>()?;
+        let ys = y.ensure::<f32>(&out_dims);
+        let m = b.saturating_mul(c);
+        if m > 0 {
+            for (xb, yb) in xs.chunks_exact(m).zip(ys.chunks_exact_mut(m)).take(a) {
+                transpose_f32(xb, b, c, yb);
+            }
+        }
+        return Ok(());
+    }
     dispatch!(x.dtype(), [Float => f32, Double => f64, Int32 => i32, Int64 => i64,
         Bool => bool, Uint8 => u8, Int8 => i8, Int16 => i16, Uint16 => u16, Float16 => half::f16], |T| {
         let xs = x.as_slice::<T>()?;
@@ -783,6 +816,18 @@ mod tests {
         assert!(new_shape(&[-1, -1], &[6], 6).is_err());
         let e = new_shape(&[4], &[6], 6).unwrap_err().to_string();
         assert!(e.contains("does not agree with the input data"), "{e}");
+    }
+
+    #[test]
+    fn batched_transposes_are_recognized() {
+        let d = [2, 3, 4, 5];
+        assert_eq!(as_batched_transpose(&d, &[0, 2, 3, 1]), Some((2, 3, 20)));
+        assert_eq!(as_batched_transpose(&d, &[0, 3, 1, 2]), Some((2, 12, 5)));
+        assert_eq!(as_batched_transpose(&d, &[2, 3, 0, 1]), Some((1, 6, 20)));
+        assert_eq!(as_batched_transpose(&d, &[1, 0, 2, 3]), None);
+        assert_eq!(as_batched_transpose(&d, &[0, 1, 3, 2]), Some((6, 4, 5)));
+        assert_eq!(as_batched_transpose(&d, &[3, 2, 1, 0]), None);
+        assert_eq!(as_batched_transpose(&d, &[0, 1, 2, 3]), None);
     }
 
     #[test]
