@@ -297,11 +297,11 @@ fn as_batched_transpose(dims: &[usize], perm: &[usize]) -> Option<(usize, usize,
         }
     }
     let size = |(lo, hi): (usize, usize)| dims[lo..hi].iter().product::<usize>();
-    match runs.as_slice() {
+    match *runs.as_slice() {
         // (b, c) -> (c, b)
-        &[r0, r1] if r0.0 > r1.0 => Some((1, size(r1), size(r0))),
+        [r0, r1] if r0.0 > r1.0 => Some((1, size(r1), size(r0))),
         // (a, b, c) -> (a, c, b)
-        &[r0, r1, r2] if r0.0 < r2.0 && r2.0 < r1.0 => Some((size(r0), size(r2), size(r1))),
+        [r0, r1, r2] if r0.0 < r2.0 && r2.0 < r1.0 => Some((size(r0), size(r2), size(r1))),
         _ => None,
     }
 }
