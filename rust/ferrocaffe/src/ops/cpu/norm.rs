@@ -776,6 +776,18 @@ fn instance_stats_part(
     }
 }
 
+/// `y = (x - mean) * inv * scale + bias`, element by element (compiled per SIMD level).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn normalize_plane(x: &[f32], (mean, inv, scale, bias): (f32, f32, f32, f32), y: &mut [f32]) {
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o = (v - mean) * inv * scale + bias;
+    }
+}
+
 /// Mean and inverse standard deviation of every (image, channel) of `x`, in parallel over
 /// planes (NCHW) or images (NHWC).
 fn instance_stats(
@@ -845,9 +857,7 @@ impl Operator for InstanceNorm {
                         let plane = first + k;
                         let (mean, inv) = stats[plane];
                         let (sc, b) = (scale[plane % c], bias[plane % c]);
-                        for (o, &v) in yp.iter_mut().zip(xp) {
-                            *o = (v - mean) * inv * sc + b;
-                        }
+                        normalize_plane(xp, (mean, inv, sc, b), yp);
                     }
                 });
             }

@@ -43,7 +43,13 @@ pub(crate) fn copy_if_inplace(
     Ok(Some(out))
 }
 
-/// `(sum, sum of squares)` of `v` in f64, over eight independent lanes (so it vectorizes).
+/// `(sum, sum of squares)` of `v` in f64, over eight independent lanes (so it vectorizes;
+/// compiled per SIMD level, with the same arithmetic on each).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
 pub(crate) fn sums_f64(v: &[f32]) -> (f64, f64) {
     let mut s1 = [0f64; 8];
     let mut s2 = [0f64; 8];
@@ -66,6 +72,11 @@ pub(crate) fn sums_f64(v: &[f32]) -> (f64, f64) {
 }
 
 /// `(sum of a * b, sum of b)` in f64, as [`sums_f64`].
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
 pub(crate) fn dot_sum_f64(a: &[f32], b: &[f32]) -> (f64, f64) {
     let mut s1 = [0f64; 8];
     let mut s2 = [0f64; 8];
