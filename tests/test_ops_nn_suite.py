@@ -558,3 +558,38 @@ def test_transpose_matches_numpy(shape, axes, dtype):
         (b,) = run("NHWC2NCHW", [x], ["Y"])
         np.testing.assert_array_equal(a, x.transpose(0, 2, 3, 1))
         np.testing.assert_array_equal(b, x.transpose(0, 3, 1, 2))
+
+
+# Depthwise convolution (group == C == M) runs on a direct kernel: NHWC pixels with the
+# channels in register blocks of 32 and 8 (the last one overlapping, or one by one under 8),
+# NCHW planes 32 or more wide a plane at a time, narrower NCHW planes through NHWC in groups
+# of channels. The shapes reach each, in one part and split in many.
+DEPTHWISE_CASES = [
+    # (n, c, h, w, kernel, stride, pad, dilation)
+    (8, 16, 16, 16, 3, 1, 1, 1),
+    (8, 32, 16, 16, 3, 2, 1, 1),
+    (2, 20, 7, 9, 3, 1, 1, 1),
+    (2, 40, 12, 11, 5, 2, 2, 1),
+    (1, 3, 5, 6, 3, 1, 0, 2),
+    (3, 8, 33, 40, 3, 1, 1, 1),
+    (2, 1, 6, 6, 3, 2, 1, 1),
+    (1, 36, 8, 8, 3, 1, 1, 1),
+]
+
+
+@pytest.mark.parametrize("case", DEPTHWISE_CASES)
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_depthwise_conv_matches_the_reference_on_every_kernel(case, order, bias):
+    n, c, h, w, k, s, p, d = case
+    rng = np.random.default_rng(c * 31 + w)
+    x = rng.standard_normal((n, c, h, w)).astype(f32)
+    wt = rng.standard_normal((c, 1, k, k)).astype(f32)
+    b = rng.standard_normal(c).astype(f32)
+    want = ref_conv_nd(x, wt, b if bias else None, [s] * 2, [p] * 4, [d] * 2, c)
+    xi, wi = (x, wt) if order == "NCHW" else (utils.NCHW2NHWC(x), utils.NCHW2NHWC(wt))
+    ins = [np.ascontiguousarray(xi), np.ascontiguousarray(wi)] + ([b] if bias else [])
+    (y,) = run("Conv", ins, ["Y"], kernel=k, stride=s, pad=p, dilation=d, group=c, order=order)
+    if order == "NHWC":
+        y = utils.NHWC2NCHW(y)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)

@@ -28,6 +28,17 @@ pub(crate) fn for_each_chunk<T: Send>(
     for_each_part(parts, &|(first, chunk)| f(first, chunk));
 }
 
+/// How many NCHW planes each part takes when planes are transposed to NHWC and back: whole
+/// groups of 8 (a vector of channels) where the planes allow.
+pub(crate) fn planes_per_part(planes: usize, work: usize) -> usize {
+    let per = part_len(planes, work);
+    if per < planes {
+        per.div_ceil(8).saturating_mul(8).min(planes)
+    } else {
+        per
+    }
+}
+
 /// A copy of input `i` when that blob is also an output of the op (the kernel then reads the
 /// copy while it writes the output), else `None`.
 pub(crate) fn copy_if_inplace(

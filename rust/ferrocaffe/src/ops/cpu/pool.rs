@@ -298,7 +298,7 @@ impl Operator for Pool {
             } else {
                 let unit = oh * ow;
                 let planes = n * c;
-                let per = pool_fwd::planes_per_part(planes, planes.saturating_mul(unit * win));
+                let per = super::par::planes_per_part(planes, planes.saturating_mul(unit * win));
                 let parts: Vec<(usize, &mut [f32])> = y
                     .chunks_mut(per * unit)
                     .enumerate()

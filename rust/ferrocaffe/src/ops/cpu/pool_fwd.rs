@@ -17,7 +17,7 @@
 //! rows top to bottom, then its columns left to right.
 
 use super::pool::Win;
-use crate::blas::{part_len, transpose_f32};
+use crate::blas::transpose_f32;
 
 /// NCHW planes at least this wide run one plane at a time, narrower ones through NHWC.
 pub(crate) const WIDE: usize = 32;
@@ -256,16 +256,5 @@ pub(crate) fn nchw_through_nhwc(g: &Geo<'_>, c: usize, x: &[f32], first: usize, 
         nhwc_rows(g, cnt, &xt, 0, &mut yt);
         transpose_f32(&yt, ohw, cnt, &mut y[done * ohw..(done + cnt) * ohw]);
         done += cnt;
-    }
-}
-
-/// How many NCHW planes each part of a run through NHWC takes: whole groups of 8 (a vector
-/// of channels) where the planes allow.
-pub(crate) fn planes_per_part(planes: usize, work: usize) -> usize {
-    let per = part_len(planes, work);
-    if per < planes {
-        per.div_ceil(8).saturating_mul(8).min(planes)
-    } else {
-        per
     }
 }
