@@ -454,10 +454,10 @@ def test_compat_restores_inspect_getargspec():
         ferrocaffe.compat.uninstall()
 
 
-# 2-d pooling runs on three kernels: NHWC pixels (channels in blocks of 32 and 8, a last
-# overlapping block, or one by one under 8), NCHW planes 32 or more wide (a padded row per
-# output row), and narrower NCHW planes pooled through NHWC (also the fallback when the
-# padding is much wider than the input). Shapes reach each, in one part and split in many.
+# 2-d pooling runs on one kernel over NHWC pixels (channels in blocks of 32 and 8, a last
+# overlapping block, or one by one under 8); NCHW planes are transposed to NHWC a group of
+# channels at a time and back. Shapes reach each case, in one part and split in many, with
+# paddings up to far wider than the input.
 POOL_2D_CASES = [
     # (n, c, h, w, kernel, stride, pads [t, l, b, r])
     (2, 3, 9, 11, (3, 3), (2, 2), (1, 1, 1, 1)),

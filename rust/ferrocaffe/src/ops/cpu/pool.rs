@@ -137,8 +137,7 @@ impl Pool {
 
     /// The forward kernels' view of a run.
     fn fwd_geo<'a>(&self, s: Shape, rows: &'a [Win], cols: &'a [Win]) -> pool_fwd::Geo<'a> {
-        let (_, _, h, w, _, kw, oh, ow) = s;
-        let global = self.g.global;
+        let (_, _, h, w, _, _, oh, ow) = s;
         pool_fwd::Geo {
             max: self.max,
             include_pad: self.include_pad,
@@ -148,9 +147,6 @@ impl Pool {
             ow,
             rows,
             cols,
-            kw,
-            sw: if global { 1 } else { self.g.stride[1] },
-            pw: if global { 0 } else { self.g.pad[1] },
         }
     }
 
@@ -288,17 +284,13 @@ impl Operator for Pool {
                 for_each_chunk(y, unit, unit.saturating_mul(win), &|first, part| {
                     pool_fwd::nhwc_rows(&g, c, xs, first, part)
                 });
-            } else if let Some(len) = g.padded_len().filter(|_| w >= pool_fwd::WIDE) {
-                let unit = oh * ow;
-                for_each_chunk(y, unit, unit.saturating_mul(win), &|first, part| {
-                    // Scratch no longer than a few input rows (`padded_len`).
-                    let (mut acc, mut hm) = (vec![0f32; len], vec![0f32; len + 1 - g.kw]);
-                    pool_fwd::nchw_planes(&g, xs, first, part, &mut acc, &mut hm)
-                });
             } else {
                 let unit = oh * ow;
                 let planes = n * c;
-                let per = super::par::planes_per_part(planes, planes.saturating_mul(unit * win));
+                let per = super::par::planes_per_part(
+                    planes,
+                    planes.saturating_mul(unit.saturating_mul(win)),
+                );
                 let parts: Vec<(usize, &mut [f32])> = y
                     .chunks_mut(per * unit)
                     .enumerate()
