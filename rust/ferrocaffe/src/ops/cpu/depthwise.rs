@@ -4,11 +4,12 @@
 //!
 //! NHWC works a pixel at a time with the channels innermost, up to 32 of them accumulated in
 //! registers over all taps, against the filters laid out tap-major once per call (compiled per
-//! SIMD level). NCHW planes at least [`WIDE`] wide work a plane at a time: for each tap, whole
-//! output rows get `w * input row` added, over the output columns whose input lies inside the
-//! image (`valid_range`), so the inner loop vectorizes. Narrower NCHW planes (a row of 8 gives
-//! no vector) are transposed to NHWC a group of channels at a time, run as NHWC, and
-//! transposed back. Every output is `bias + sum over taps in (kh, kw) order` on every path.
+//! SIMD level). NCHW planes at least [`WIDE`] wide, at column stride 1, work a plane at a
+//! time: for each tap, whole output rows get `w * input row` added, over the output columns
+//! whose input lies inside the image (`valid_range`), so the inner loop vectorizes. The other
+//! NCHW planes (a row of 8 gives no vector; a strided row no contiguous one) are transposed to
+//! NHWC a group of channels at a time, run as NHWC, and transposed back: 3x faster than the
+//! plane-at-a-time loop at stride 2 on 112x112 planes, 2x slower at stride 1. Every output is `bias + sum over taps in (kh, kw) order` on every path.
 //! Planes or channel groups (NCHW) and output rows (NHWC) are shared out to the team of
 //! compute threads.
 
@@ -19,7 +20,8 @@ use super::par::planes_per_part;
 use crate::blas::{for_each_part, part_len, transpose_f32};
 use crate::error::{try_vec, Result};
 
-/// NCHW planes at least this wide run a plane at a time, narrower ones through NHWC.
+/// NCHW planes at least this wide, at column stride 1, run a plane at a time; the others
+/// through NHWC.
 const WIDE: usize = 32;
 
 /// `[kh * kw, C]` (tap-major: a tap's channels side by side) from W's `[C, kh, kw, 1]`.
@@ -45,7 +47,7 @@ pub(crate) fn forward(
     let kk = d.kh * d.kw;
     let work = y.len().saturating_mul(kk);
     match g.order {
-        Order::Nchw if d.ow < WIDE => {
+        Order::Nchw if d.ow < WIDE || g.stride[1] != 1 => {
             let wt = tap_major(w, kk, d.c)?;
             let (plane_in, plane_out) = (d.h * d.w, d.oh * d.ow);
             let planes = d.n * d.c;
