@@ -593,3 +593,39 @@ def test_depthwise_conv_matches_the_reference_on_every_kernel(case, order, bias)
     if order == "NHWC":
         y = utils.NHWC2NCHW(y)
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+# NCHW convolutions with 8+ input and output channels and short (or strided) rows run on the
+# NHWC kernels, X, W and Y transposed around them; a following in-place Relu is fused into them.
+NCHW_AS_NHWC_CASES = [
+    # (n, c, h, w, m, kernel, stride, pad, dilation)
+    (2, 8, 7, 7, 16, 3, 1, 1, 1),
+    (3, 16, 3, 3, 32, 3, 1, 1, 1),
+    (2, 20, 12, 12, 32, 5, 1, 0, 1),
+    (2, 8, 32, 32, 16, 3, 2, 1, 1),
+    (1, 16, 16, 16, 8, 3, 2, 1, 2),
+    (2, 9, 10, 5, 11, 2, 1, 0, 1),
+]
+
+
+@pytest.mark.parametrize("case", NCHW_AS_NHWC_CASES)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("relu", [False, True])
+def test_nchw_conv_through_nhwc_matches_the_reference(case, bias, relu):
+    n, c, h, w, m, k, s, p, d = case
+    rng = np.random.default_rng(c * 7 + m)
+    x = rng.standard_normal((n, c, h, w)).astype(f32)
+    wt = rng.standard_normal((m, c, k, k)).astype(f32)
+    b = rng.standard_normal(m).astype(f32)
+    want = ref_conv_nd(x, wt, b if bias else None, [s] * 2, [p] * 4, [d] * 2, 1)
+    if relu:
+        want = np.maximum(want, 0)
+    workspace.ResetWorkspace()
+    for name, v in (("X", x), ("W", wt), ("b", b)):
+        workspace.FeedBlob(name, v)
+    net = core.Net("conv_relu")
+    net.Conv(["X", "W"] + (["b"] if bias else []), "Y", kernel=k, stride=s, pad=p, dilation=d)
+    if relu:
+        net.Relu("Y", "Y")
+    workspace.RunNetOnce(net)
+    np.testing.assert_allclose(workspace.FetchBlob("Y"), want, rtol=1e-4, atol=1e-4)

@@ -9,7 +9,7 @@ use super::depthwise;
 pub(crate) use super::im2col::{col2im, im2col};
 use super::winograd::{self, Mode};
 use crate::bail;
-use crate::blas::{for_each_part, GemmContext};
+use crate::blas::{for_each_part, part_len, transpose_f32, GemmContext};
 use crate::error::{try_vec, Error, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
@@ -142,6 +142,22 @@ impl Plan {
     }
 }
 
+/// Each `rows x cols` matrix of `src` transposed into `dst`, images shared out to the team.
+fn transpose_images(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    let len = rows * cols;
+    if len == 0 {
+        return;
+    }
+    let n = src.len() / len;
+    let per = part_len(n, src.len()) * len;
+    let parts: Vec<(&[f32], &mut [f32])> = src.chunks(per).zip(dst.chunks_mut(per)).collect();
+    for_each_part(parts, &|(s, d)| {
+        for (a, b) in s.chunks_exact(len).zip(d.chunks_exact_mut(len)) {
+            transpose_f32(a, rows, cols, b);
+        }
+    });
+}
+
 struct Conv {
     g: Geometry,
     group: usize,
@@ -233,6 +249,74 @@ impl Conv {
             };
             return winograd::forward(tile, &p, y);
         }
+        if self.runs_through_nhwc(&d) {
+            return self.forward_through_nhwc(gemm, &d, xs, ws, bias, y);
+        }
+        self.forward_im2col(gemm, &d, xs, ws, bias, y)
+    }
+
+    /// Whether an NCHW convolution runs as NHWC (X, W and Y transposed around it): with 8 or
+    /// more input and output channels, one group, a kernel larger than 1x1, and rows shorter
+    /// than 16 outputs (32 when strided). There the NCHW column matrix is built from runs of a few
+    /// values (a 7-wide row), the NHWC one from runs of `C` or more; on 2 cores this measured
+    /// 1.4-2.4x faster on the corpus's shapes of that kind (`x 8x16x3x3, W 32x16x3x3`:
+    /// 44 -> 18 us), and slower with 1 or 3 input channels or 3 output channels.
+    fn runs_through_nhwc(&self, d: &Dims) -> bool {
+        self.g.order == Order::Nchw
+            && d.group == 1
+            && d.c >= 8
+            && d.m >= 8
+            && d.kh * d.kw > 1
+            && (d.ow < 16 || (self.g.stride[1] > 1 && d.ow < 32))
+    }
+
+    /// The NCHW forward pass on the NHWC kernels: X and W transposed in, Y transposed out.
+    fn forward_through_nhwc(
+        &self,
+        gemm: GemmContext,
+        d: &Dims,
+        xs: &[f32],
+        ws: &[f32],
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+    ) -> Result<()> {
+        let (hw, kk, so) = (d.h * d.w, d.kh * d.kw, d.spatial_out());
+        // Each a copy of an input or of the output, which exist already.
+        let mut xt = try_vec(xs.len(), 0f32, "the NHWC copy of X")?;
+        transpose_images(xs, d.c, hw, &mut xt);
+        let mut wt = try_vec(ws.len(), 0f32, "the NHWC copy of W")?;
+        for (src, dst) in ws.chunks_exact(d.c * kk).zip(wt.chunks_exact_mut(d.c * kk)) {
+            transpose_f32(src, d.c, kk, dst);
+        }
+        let mut yt = try_vec(y.len(), 0f32, "the NHWC output")?;
+        let nhwc = Conv {
+            g: Geometry {
+                order: Order::Nhwc,
+                ..self.g.clone()
+            },
+            group: 1,
+            gradient: false,
+            no_bias: self.no_bias,
+            relu: self.relu,
+            winograd: Mode::Off,
+            filters: Default::default(),
+        };
+        nhwc.forward_im2col(gemm, d, &xt, &wt, bias, &mut yt)?;
+        transpose_images(&yt, so, d.m, y);
+        Ok(())
+    }
+
+    /// The forward pass as im2col + GEMM per image (or a plain GEMM for 1x1 filters).
+    fn forward_im2col(
+        &self,
+        gemm: GemmContext,
+        d: &Dims,
+        xs: &[f32],
+        ws: &[f32],
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+    ) -> Result<()> {
+        let d = *d;
         let plan = Plan::new(&self.g, &d)?;
         // Images are shared out to the team of compute threads, a few consecutive images per
         // part, each part with its own buffers; the products inside a part then run on its
