@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The CPU benchmarks at several core counts, for a many-core machine (issue 20's 16-core run):
 # FC against numpy, GEMM shapes (blocked kernel against the gemm crate), the models corpus,
-# dispatch and the LSTM benchmark, each at 2, 8 and all cores; before them, the GEMM, conv and
-# golden-model tests on this CPU, with the default kernel choice and with FERROCAFFE_BLOCKED=avx2.
+# single ops (bench_ops), dispatch and the LSTM benchmark, at 2, 8 and all cores; before them,
+# the GEMM, conv and golden-model tests on this CPU, with the default kernel choice and with
+# FERROCAFFE_BLOCKED=avx2.
 #
 #     bash benchmarks/cores.sh [log]      (needs python/ferrocaffe/_native.abi3.so built)
 #
@@ -55,6 +56,8 @@ for n in "$ALL" 8 2; do
     at "$n" $PY benchmarks/bench_models.py
 done
 at "$ALL" $PY benchmarks/bench_models.py --train
+at "$ALL" $PY benchmarks/bench_ops.py
+at 2 $PY benchmarks/bench_ops.py
 at "$ALL" $PY benchmarks/bench_runtime.py --only dispatch
 at 8 $PY benchmarks/bench_runtime.py --only fc --fc-sizes 256,512,1024,2048
 at 2 $PY benchmarks/bench_runtime.py --only fc --fc-sizes 256,512,1024,2048 \
