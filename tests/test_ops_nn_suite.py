@@ -562,7 +562,7 @@ def test_transpose_matches_numpy(shape, axes, dtype):
 
 # Depthwise convolution (group == C == M) runs on a direct kernel: NHWC pixels with the
 # channels in register blocks of 32 and 8 (the last one overlapping, or one by one under 8),
-# NCHW planes 32 or more wide at column stride 1 a plane at a time, the other NCHW planes
+# NCHW planes 16 or more wide at column stride 1 a plane at a time, the other NCHW planes
 # through NHWC in groups of channels. The shapes reach each, in one part and split in many.
 DEPTHWISE_CASES = [
     # (n, c, h, w, kernel, stride, pad, dilation)

@@ -8,10 +8,11 @@
 //! time: for each tap, whole output rows get `w * input row` added, over the output columns
 //! whose input lies inside the image (`valid_range`), so the inner loop vectorizes. The other
 //! NCHW planes (a row of 8 gives no vector; a strided row no contiguous one) are transposed to
-//! NHWC a group of channels at a time, run as NHWC, and transposed back: 3x faster than the
-//! plane-at-a-time loop at stride 2 on 112x112 planes, 2x slower at stride 1. Every output is `bias + sum over taps in (kh, kw) order` on every path.
-//! Planes or channel groups (NCHW) and output rows (NHWC) are shared out to the team of
-//! compute threads.
+//! NHWC a group of channels at a time, run as NHWC, and transposed back: 3-5x faster than the
+//! plane-at-a-time loop at stride 2 (16x16 to 112x112 planes), but up to 2x slower at stride 1
+//! on planes 16 or more wide. Every output is `bias + sum over taps in (kh, kw) order` on
+//! every path. Planes or channel groups (NCHW) and output rows (NHWC) are shared out to the
+//! team of compute threads.
 
 use super::conv::Dims;
 use super::conv_args::{Geometry, Order};
@@ -22,7 +23,7 @@ use crate::error::{try_vec, Result};
 
 /// NCHW planes at least this wide, at column stride 1, run a plane at a time; the others
 /// through NHWC.
-const WIDE: usize = 32;
+const WIDE: usize = 16;
 
 /// `[kh * kw, C]` (tap-major: a tap's channels side by side) from W's `[C, kh, kw, 1]`.
 fn tap_major(w: &[f32], kk: usize, c: usize) -> Result<Vec<f32>> {
