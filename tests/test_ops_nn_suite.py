@@ -629,3 +629,16 @@ def test_nchw_conv_through_nhwc_matches_the_reference(case, bias, relu):
         net.Relu("Y", "Y")
     workspace.RunNetOnce(net)
     np.testing.assert_allclose(workspace.FetchBlob("Y"), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("spatial", [(3, 0), (0, 3)])
+def test_2d_pooling_of_an_input_without_pixels_gives_empty_windows(order, spatial):
+    # Padding gives such an input output pixels, all of whose windows are empty: -inf for a
+    # max, 0 for an average (the NCHW kernel once failed here on a zero-length row).
+    h, w = spatial
+    x = np.zeros((1, 9, h, w) if order == "NCHW" else (1, h, w, 9), f32)
+    for op_type, value in (("MaxPool", -np.inf), ("AveragePool", 0.0)):
+        (y,) = run(op_type, [x], ["Y"], kernel=2, pad=1, order=order)
+        assert y.size > 0
+        assert np.all(y == value)

@@ -44,6 +44,7 @@ pub(crate) fn divisor(include_pad: bool, r: &Win, c: &Win) -> f32 {
 /// Values reduced at once: a vector of `f32` on AVX2.
 const LANES: usize = 8;
 
+/// `a = max(a, b)` (a NaN in `b` never wins) or `a += b`, element by element.
 #[inline(always)]
 fn fold_lanes(max: bool, a: &mut [f32], b: &[f32]) {
     if max {
@@ -130,7 +131,8 @@ impl Taps<'_> {
     #[inline(always)]
     fn block<const N: usize, const MAX: bool>(&self, c0: usize, out: &mut [f32]) {
         let mut t = [if MAX { f32::NEG_INFINITY } else { 0.0 }; N];
-        for xr in self.win.chunks_exact(self.row) {
+        // An input of no columns has empty rows (`win` is empty too): no taps.
+        for xr in self.win.chunks_exact(self.row.max(1)) {
             for px in xr[self.cols.clone()].chunks_exact(self.c) {
                 if let Ok(v) = <&[f32; N]>::try_from(&px[c0..c0 + N]) {
                     fold_lanes(MAX, &mut t, v);
