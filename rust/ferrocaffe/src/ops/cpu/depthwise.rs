@@ -17,7 +17,7 @@
 use super::conv::Dims;
 use super::conv_args::{Geometry, Order};
 use super::im2col::valid_range;
-use super::par::planes_per_part;
+use super::par::{channel_blocks, planes_per_part, ChannelBlock};
 use crate::blas::{for_each_part, part_len, transpose_f32};
 use crate::error::{try_vec, Result};
 
@@ -214,24 +214,7 @@ fn row_nhwc(
             c,
             bias,
         };
-        let mut c0 = 0;
-        while c0 + 32 <= c {
-            px.block::<32>(c0, out);
-            c0 += 32;
-        }
-        while c0 + 8 <= c {
-            px.block::<8>(c0, out);
-            c0 += 8;
-        }
-        if c0 < c && c >= 8 {
-            // The last channels as one more vector, overlapping the previous one: the
-            // channels computed twice get the same values.
-            px.block::<8>(c - 8, out);
-        } else {
-            for ch in c0..c {
-                px.block::<1>(ch, out);
-            }
-        }
+        channel_blocks(&px, c, out);
     }
 }
 
@@ -250,7 +233,7 @@ struct Pixel<'a> {
     bias: Option<&'a [f32]>,
 }
 
-impl Pixel<'_> {
+impl ChannelBlock for Pixel<'_> {
     /// Channels `c0..c0 + N`: `bias + x * w` over the taps, in an `N`-value array (registers).
     #[inline(always)]
     fn block<const N: usize>(&self, c0: usize, out: &mut [f32]) {

@@ -39,6 +39,36 @@ pub(crate) fn planes_per_part(planes: usize, work: usize) -> usize {
     }
 }
 
+/// Work on `N` consecutive channels of an NHWC pixel at once, kept in an `N`-value array
+/// (registers): the pooling and depthwise kernels' inner step.
+pub(crate) trait ChannelBlock {
+    /// Writes channels `c0..c0 + N` of `out`.
+    fn block<const N: usize>(&self, c0: usize, out: &mut [f32]);
+}
+
+/// Runs `b` over channels `0..c` of `out`: blocks of 32, then 8, then the last channels as one
+/// more 8-block overlapping the previous one (the channels computed twice get the same values),
+/// or one by one when there are fewer than 8 in all.
+#[inline(always)]
+pub(crate) fn channel_blocks<B: ChannelBlock>(b: &B, c: usize, out: &mut [f32]) {
+    let mut c0 = 0;
+    while c0 + 32 <= c {
+        b.block::<32>(c0, out);
+        c0 += 32;
+    }
+    while c0 + 8 <= c {
+        b.block::<8>(c0, out);
+        c0 += 8;
+    }
+    if c0 < c && c >= 8 {
+        b.block::<8>(c - 8, out);
+    } else {
+        for ch in c0..c {
+            b.block::<1>(ch, out);
+        }
+    }
+}
+
 /// A copy of input `i` when that blob is also an output of the op (the kernel then reads the
 /// copy while it writes the output), else `None`.
 pub(crate) fn copy_if_inplace(

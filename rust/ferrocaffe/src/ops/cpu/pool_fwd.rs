@@ -13,6 +13,7 @@
 //! skipping its NaN operand); an all-NaN or empty window gives -inf. Sums add the window's
 //! rows top to bottom, then its columns left to right.
 
+use super::par::{channel_blocks, ChannelBlock};
 use super::pool::Win;
 use crate::blas::transpose_f32;
 
@@ -40,9 +41,6 @@ pub(crate) fn divisor(include_pad: bool, r: &Win, c: &Win) -> f32 {
         ((r.end - r.start) * (c.end - c.start)).max(1) as f32
     }
 }
-
-/// Values reduced at once: a vector of `f32` on AVX2.
-const LANES: usize = 8;
 
 /// `a = max(a, b)` (a NaN in `b` never wins) or `a += b`, element by element.
 #[inline(always)]
@@ -74,16 +72,11 @@ pub(crate) fn nhwc_rows<'g>(g: &Geo<'g>, c: usize, x: &[f32], first: usize, y: &
         let xi = &x[img * img_len..(img + 1) * img_len];
         let win = &xi[r.start * row..r.end * row];
         for (out, col) in yrow.chunks_exact_mut(c).zip(g.cols) {
-            let taps = Taps {
-                win,
-                row,
-                cols: col.start * c..col.end * c,
-                c,
-            };
+            let cols = col.start * c..col.end * c;
             if g.max {
-                taps.reduce::<true>(out);
+                channel_blocks(&Taps::<true> { win, row, cols, c }, c, out);
             } else {
-                taps.reduce::<false>(out);
+                channel_blocks(&Taps::<false> { win, row, cols, c }, c, out);
                 let d = divisor(g.include_pad, r, col);
                 for o in out.iter_mut() {
                     *o /= d;
@@ -94,42 +87,18 @@ pub(crate) fn nhwc_rows<'g>(g: &Geo<'g>, c: usize, x: &[f32], first: usize, y: &
 }
 
 /// The taps of one NHWC output pixel's window: rows of `row` values in `win`, the window's
-/// columns at `cols` of each, `c` channels a pixel.
-struct Taps<'a> {
+/// columns at `cols` of each, `c` channels a pixel; their max (`MAX`) or sum.
+struct Taps<'a, const MAX: bool> {
     win: &'a [f32],
     row: usize,
     cols: std::ops::Range<usize>,
     c: usize,
 }
 
-impl Taps<'_> {
-    /// `out[..c]` = the max (`MAX`) or sum of the taps, channel by channel.
-    #[inline(always)]
-    fn reduce<const MAX: bool>(&self, out: &mut [f32]) {
-        let mut c0 = 0;
-        while c0 + 32 <= self.c {
-            self.block::<32, MAX>(c0, out);
-            c0 += 32;
-        }
-        while c0 + LANES <= self.c {
-            self.block::<LANES, MAX>(c0, out);
-            c0 += LANES;
-        }
-        if c0 < self.c && self.c >= LANES {
-            // The last channels as one more vector, overlapping the previous one: the
-            // channels computed twice get the same values.
-            self.block::<LANES, MAX>(self.c - LANES, out);
-        } else {
-            while c0 < self.c {
-                self.block::<1, MAX>(c0, out);
-                c0 += 1;
-            }
-        }
-    }
-
+impl<const MAX: bool> ChannelBlock for Taps<'_, MAX> {
     /// Channels `c0..c0 + N` (within `c`), reduced in an `N`-value array: registers.
     #[inline(always)]
-    fn block<const N: usize, const MAX: bool>(&self, c0: usize, out: &mut [f32]) {
+    fn block<const N: usize>(&self, c0: usize, out: &mut [f32]) {
         let mut t = [if MAX { f32::NEG_INFINITY } else { 0.0 }; N];
         // An input of no columns has empty rows (`win` is empty too): no taps.
         for xr in self.win.chunks_exact(self.row.max(1)) {
