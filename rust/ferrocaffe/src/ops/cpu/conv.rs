@@ -142,7 +142,8 @@ impl Plan {
     }
 }
 
-/// Each `rows x cols` matrix of `src` transposed into `dst`, images shared out to the team.
+/// Each `rows x cols` matrix of `src` (an image, or a filter) transposed into `dst`, shared
+/// out to the team.
 fn transpose_images(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
     let len = rows * cols;
     if len == 0 {
@@ -252,7 +253,7 @@ impl Conv {
         if self.runs_through_nhwc(&d) {
             return self.forward_through_nhwc(gemm, &d, xs, ws, bias, y);
         }
-        self.forward_im2col(gemm, &d, xs, ws, bias, y)
+        self.forward_im2col(&self.g, gemm, &d, xs, ws, bias, y)
     }
 
     /// Whether an NCHW convolution runs as NHWC (X, W and Y transposed around it): with 8 or
@@ -285,30 +286,23 @@ impl Conv {
         let mut xt = try_vec(xs.len(), 0f32, "the NHWC copy of X")?;
         transpose_images(xs, d.c, hw, &mut xt);
         let mut wt = try_vec(ws.len(), 0f32, "the NHWC copy of W")?;
-        for (src, dst) in ws.chunks_exact(d.c * kk).zip(wt.chunks_exact_mut(d.c * kk)) {
-            transpose_f32(src, d.c, kk, dst);
-        }
+        transpose_images(ws, d.c, kk, &mut wt);
         let mut yt = try_vec(y.len(), 0f32, "the NHWC output")?;
-        let nhwc = Conv {
-            g: Geometry {
-                order: Order::Nhwc,
-                ..self.g.clone()
-            },
-            group: 1,
-            gradient: false,
-            no_bias: self.no_bias,
-            relu: self.relu,
-            winograd: Mode::Off,
-            filters: Default::default(),
+        let nhwc = Geometry {
+            order: Order::Nhwc,
+            ..self.g.clone()
         };
-        nhwc.forward_im2col(gemm, d, &xt, &wt, bias, &mut yt)?;
+        self.forward_im2col(&nhwc, gemm, d, &xt, &wt, bias, &mut yt)?;
         transpose_images(&yt, so, d.m, y);
         Ok(())
     }
 
-    /// The forward pass as im2col + GEMM per image (or a plain GEMM for 1x1 filters).
+    /// The forward pass as im2col + GEMM per image (or a plain GEMM for 1x1 filters), in the
+    /// layout `g` says (this op's, or NHWC for [`Conv::forward_through_nhwc`]).
+    #[allow(clippy::too_many_arguments)]
     fn forward_im2col(
         &self,
+        g: &Geometry,
         gemm: GemmContext,
         d: &Dims,
         xs: &[f32],
@@ -317,7 +311,7 @@ impl Conv {
         y: &mut [f32],
     ) -> Result<()> {
         let d = *d;
-        let plan = Plan::new(&self.g, &d)?;
+        let plan = Plan::new(g, &d)?;
         // Images are shared out to the team of compute threads, a few consecutive images per
         // part, each part with its own buffers; the products inside a part then run on its
         // thread alone. One image (or too little work) runs here, and its products use the
@@ -332,6 +326,7 @@ impl Conv {
         for_each_part(parts, &|(first, yp, (mut col, mut tmp))| {
             for (k, yi) in yp.chunks_mut(img_out).enumerate() {
                 if let Err(e) = self.image(
+                    g,
                     &d,
                     &plan,
                     gemm,
@@ -359,6 +354,7 @@ impl Conv {
     #[allow(clippy::too_many_arguments)]
     fn image(
         &self,
+        g: &Geometry,
         d: &Dims,
         plan: &Plan,
         gemm: GemmContext,
@@ -373,7 +369,7 @@ impl Conv {
         let (kd, so, mg) = (d.kdim(), d.spatial_out(), d.mg());
         for gi in 0..d.group {
             let wg = &ws[gi * mg * kd..(gi + 1) * mg * kd];
-            match self.g.order {
+            match g.order {
                 Order::Nchw => {
                     let dst = &mut yi[gi * mg * so..(gi + 1) * mg * so];
                     if plan.direct {
@@ -391,7 +387,7 @@ impl Conv {
                             dst,
                         );
                     } else {
-                        im2col(&self.g, d, xs, img, gi, col);
+                        im2col(g, d, xs, img, gi, col);
                         gemm.sgemm(false, false, mg, so, kd, 1.0, wg, col, 0.0, dst);
                     }
                 }
@@ -412,7 +408,7 @@ impl Conv {
                         // matrix [h*w, C].
                         &xs[img * so * kd..(img + 1) * so * kd]
                     } else {
-                        im2col(&self.g, d, xs, img, gi, col);
+                        im2col(g, d, xs, img, gi, col);
                         col
                     };
                     if d.group == 1 {
@@ -428,7 +424,7 @@ impl Conv {
             }
         }
         if let Some(b) = bias {
-            match self.g.order {
+            match g.order {
                 Order::Nchw => {
                     for (row, &bv) in yi.chunks_mut(so).zip(b) {
                         for v in row {
