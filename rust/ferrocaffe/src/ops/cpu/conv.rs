@@ -4,6 +4,7 @@
 //! W is `[M, C/G, kH, kW]` (NCHW) or `[M, kH, kW, C/G]` (NHWC); the optional bias has M values.
 
 use super::conv_args::{self, Geometry, Order};
+use super::conv_direct;
 use super::conv_nd::{ConvNd, Dispatch, NdGeometry};
 use super::depthwise;
 pub(crate) use super::im2col::{col2im, im2col};
@@ -168,6 +169,9 @@ struct Conv {
     relu: bool,
     /// Whether 3x3 filters run on the Winograd path (`FERROCAFFE_WINOGRAD` at creation).
     winograd: Mode,
+    /// Whether few-channel convolutions run on the direct kernel (`FERROCAFFE_DIRECT_CONV` at
+    /// creation).
+    direct: bool,
     /// The Winograd transform of the filters, kept between runs while they are unchanged.
     filters: winograd::FilterCache,
 }
@@ -235,6 +239,9 @@ impl Conv {
                 relu_in_place(y);
             }
             return Ok(());
+        }
+        if self.direct && conv_direct::applies(&d) {
+            return conv_direct::forward(&self.g, &d, xs, ws, bias, self.relu, y);
         }
         if let Some(tile) = self.winograd.choose(&self.g, &d) {
             let p = winograd::Problem {
@@ -659,6 +666,7 @@ fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
             no_bias,
             relu: false,
             winograd: Mode::from_env(),
+            direct: conv_direct::enabled(),
             filters: Default::default(),
         }))
     } else {

@@ -79,6 +79,7 @@ pub mod cast;
 pub mod compare;
 pub mod conv;
 pub mod conv_args;
+mod conv_direct;
 pub mod conv_nd;
 pub mod conv_transpose;
 pub mod copy;

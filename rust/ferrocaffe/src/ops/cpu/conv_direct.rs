@@ -1,0 +1,431 @@
+//! Direct 2-d convolution, for layers with few input or output channels (a first layer on RGB or
+//! grey images, a last layer back to RGB), where im2col + GEMM spends most of its time copying
+//! short rows into the column matrix and then runs a product with a short side.
+//!
+//! Each image is first split into its stride phases: for strides `(sh, sw)`, the padded input
+//! plane of each channel becomes `sh * sw` planes of `rq x wq`, phase `(pr, pc)` holding the
+//! padded pixels `(R * sh + pr, Q * sw + pc)`, zero outside the image. A filter tap `(i, j)` of
+//! output pixel `(r, q)` then reads pixel `(r + i*dh / sh, q + j*dw / sw)` of phase
+//! `(i*dh % sh, j*dw % sw)`: with the output pixels numbered row-major over rows `wq` wide (the
+//! `wq - ow` last ones of each row are computed and thrown away), one tap reads one contiguous
+//! run of its phase plane for a run of consecutive outputs, whatever the stride, dilation or
+//! padding. A run of output pixels of a block of output channels is then accumulated in
+//! registers over all `C * kh * kw` taps: per tap, a few vector loads of the input, a broadcast
+//! of each channel's weight, and a fused multiply-add per (channel, vector). Bias and a fused
+//! Relu are applied as the run is stored, into NCHW rows or NHWC pixels.
+//!
+//! The phase copies of all images are made first (a part per group of images), then runs of
+//! pixels of all images are shared out to the team.
+
+use super::conv::Dims;
+use super::conv_args::{Geometry, Order};
+use crate::blas::{for_each_part, part_len};
+use crate::error::{try_vec, Error, Result};
+
+/// Output pixels per unit of work shared out: a multiple of every block's run.
+const SEG: usize = 96;
+/// The most pixels a block's run covers (`NV * LANES`).
+const RUN_MAX: usize = 48;
+/// Floats in a vector of the accumulators (one AVX2 register; two blocks make one AVX-512).
+const LANES: usize = 8;
+
+/// Whether the direct kernel runs this convolution: one group, a kernel larger than 1x1, and
+/// at most [`FEW_IN`] input channels or at most [`FEW_OUT`] output channels.
+pub(crate) fn applies(d: &Dims) -> bool {
+    d.group == 1 && d.kh * d.kw > 1 && (d.c <= FEW_IN || d.m <= FEW_OUT)
+}
+
+/// Whether the kernel is on: unless `FERROCAFFE_DIRECT_CONV=0` (im2col + GEMM instead, to
+/// compare), read when an op is created.
+pub(crate) fn enabled() -> bool {
+    std::env::var("FERROCAFFE_DIRECT_CONV").map_or(true, |v| v != "0")
+}
+
+/// Input channels up to which the direct kernel runs (any number of outputs).
+const FEW_IN: usize = 4;
+/// Output channels up to which the direct kernel runs (any number of inputs).
+const FEW_OUT: usize = 4;
+
+/// Where the phase planes of one image lie, and which run each tap reads.
+struct Layout {
+    sh: usize,
+    sw: usize,
+    wq: usize,
+    /// `rq * wq`, where `rq = oh + (kh - 1) * dh / sh` rows hold every row a tap reads
+    plane: usize,
+    /// Floats of one image's phase planes: `C * sh * sw * plane`.
+    image: usize,
+    /// Offset of each tap's run in an image's planes, in W's `(c, i, j)` order.
+    taps: Vec<usize>,
+    /// Output pixels computed per image: `oh * wq`.
+    len: usize,
+}
+
+fn too_large(d: &Dims) -> Error {
+    Error::OutOfMemory(format!(
+        "the phase planes of a convolution of {}x{}x{}x{} input with a {}x{} kernel are too \
+         large to allocate",
+        d.n, d.c, d.h, d.w, d.kh, d.kw
+    ))
+}
+
+impl Layout {
+    fn new(g: &Geometry, d: &Dims) -> Result<Layout> {
+        let (sh, sw) = (g.stride[0].max(1), g.stride[1].max(1));
+        let (dh, dw) = (g.dilation[0], g.dilation[1]);
+        // The output exists (not empty), so these spans are bounded by the padded input.
+        let rq = d.oh + (d.kh - 1) * dh / sh;
+        let wq = d.ow + (d.kw - 1) * dw / sw;
+        let plane = rq.checked_mul(wq).ok_or_else(|| too_large(d))?;
+        let image = [d.c, sh, sw]
+            .iter()
+            .try_fold(plane, |a, &b| a.checked_mul(b))
+            .ok_or_else(|| too_large(d))?;
+        let mut taps = try_vec(d.c * d.kh * d.kw, 0usize, "the tap table")?;
+        for c in 0..d.c {
+            for i in 0..d.kh {
+                for j in 0..d.kw {
+                    let (pr, orow) = ((i * dh) % sh, (i * dh) / sh);
+                    let (pc, ocol) = ((j * dw) % sw, (j * dw) / sw);
+                    taps[(c * d.kh + i) * d.kw + j] =
+                        ((c * sh + pr) * sw + pc) * plane + orow * wq + ocol;
+                }
+            }
+        }
+        Ok(Layout {
+            sh,
+            sw,
+            wq,
+            plane,
+            image,
+            taps,
+            len: d.oh * wq,
+        })
+    }
+
+    /// Floats of the phase buffer of all images, with room after the last for the runs that
+    /// go past an image's last output pixel.
+    fn buffer_len(&self, d: &Dims) -> Result<usize> {
+        self.image
+            .checked_mul(d.n)
+            .and_then(|v| v.checked_add(self.wq + SEG))
+            .ok_or_else(|| too_large(d))
+    }
+
+    /// Image `img`'s phase planes into `out` (`image` floats).
+    fn fill(&self, g: &Geometry, d: &Dims, x: &[f32], img: usize, out: &mut [f32]) {
+        let (pt, pl) = (g.pad[0], g.pad[1]);
+        let (h, w) = (d.h, d.w);
+        for (k, dst) in out.chunks_exact_mut(self.plane).enumerate() {
+            let (c, pr, pc) = (k / (self.sh * self.sw), k / self.sw % self.sh, k % self.sw);
+            for (r, row) in dst.chunks_exact_mut(self.wq).enumerate() {
+                row.fill(0.0);
+                // Padded row r * sh + pr is input row ih = that - pt, when inside.
+                let Some(ih) = (r * self.sh + pr).checked_sub(pt).filter(|&ih| ih < h) else {
+                    continue;
+                };
+                // Padded column q * sw + pc is input column q * sw + pc - pl: inside for q in
+                // q0..q1.
+                let q0 = pl.saturating_sub(pc).div_ceil(self.sw);
+                let q1 = (w + pl).saturating_sub(pc).div_ceil(self.sw).min(self.wq);
+                match g.order {
+                    Order::Nchw => {
+                        let src = &x[((img * d.c + c) * h + ih) * w..][..w];
+                        for (q, v) in row.iter_mut().enumerate().take(q1).skip(q0) {
+                            *v = src[q * self.sw + pc - pl];
+                        }
+                    }
+                    Order::Nhwc => {
+                        let src = &x[(img * h + ih) * w * d.c..][..w * d.c];
+                        for (q, v) in row.iter_mut().enumerate().take(q1).skip(q0) {
+                            *v = src[(q * self.sw + pc - pl) * d.c + c];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How the output channels are cut into register blocks: blocks of 6 while more than 6 are
+/// left, then 5 as 3 + 2, else the rest as one block.
+fn channel_blocks(m: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::with_capacity(m.div_ceil(6) + 1);
+    let mut m0 = 0;
+    while m - m0 > 6 {
+        out.push((m0, 6));
+        m0 += 6;
+    }
+    match m - m0 {
+        0 => {}
+        5 => out.extend([(m0, 3), (m0 + 3, 2)]),
+        r => out.push((m0, r)),
+    }
+    out
+}
+
+/// The filters of each block, one after another, each as `[C * kh * kw taps][mb]` (the
+/// block's channels side by side).
+fn blocked_filters(g: &Geometry, d: &Dims, w: &[f32], blocks: &[(usize, usize)]) -> Result<Vec<f32>> {
+    let (taps, kk) = (d.c * d.kh * d.kw, d.kh * d.kw);
+    let mut out = try_vec(d.m * taps, 0f32, "the direct convolution's filters")?;
+    for &(m0, mb) in blocks {
+        let dst = &mut out[m0 * taps..(m0 + mb) * taps];
+        for j in 0..mb {
+            let m = m0 + j;
+            for c in 0..d.c {
+                for t in 0..kk {
+                    let src = match g.order {
+                        Order::Nchw => (m * d.c + c) * kk + t,
+                        Order::Nhwc => (m * kk + t) * d.c + c,
+                    };
+                    dst[(c * kk + t) * mb + j] = w[src];
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `y = conv(x, w) + bias` (then Relu when `relu`) for all images, in `g.order`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward(
+    g: &Geometry,
+    d: &Dims,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    relu: bool,
+    y: &mut [f32],
+) -> Result<()> {
+    let lay = Layout::new(g, d)?;
+    let mut ph = try_vec(lay.buffer_len(d)?, 0f32, "the phase planes")?;
+    // The phase copies: an image's worth of values each.
+    let per = part_len(d.n, d.n.saturating_mul(lay.image));
+    let parts: Vec<(usize, &mut [f32])> = ph[..d.n * lay.image]
+        .chunks_mut(per * lay.image)
+        .enumerate()
+        .map(|(i, p)| (i * per, p))
+        .collect();
+    for_each_part(parts, &|(first, planes)| {
+        for (k, img) in planes.chunks_exact_mut(lay.image).enumerate() {
+            lay.fill(g, d, x, first + k, img);
+        }
+    });
+    let blocks = channel_blocks(d.m);
+    let wb = blocked_filters(g, d, w, &blocks)?;
+    let k = Kernel {
+        order: g.order,
+        d,
+        lay: &lay,
+        ph: &ph,
+        wb: &wb,
+        blocks: &blocks,
+        bias,
+        relu,
+    };
+    // Units: runs of SEG output pixels of one image.
+    let segs = lay.len.div_ceil(SEG);
+    let units = d.n * segs;
+    let macs = (d.m * d.c * d.kh * d.kw).saturating_mul(lay.len).saturating_mul(d.n);
+    let per = part_len(units, macs / 16);
+    let ys = &Out {
+        ptr: y.as_mut_ptr(),
+        len: y.len(),
+    };
+    let ranges: Vec<(usize, usize)> = (0..units)
+        .step_by(per)
+        .map(|a| (a, (a + per).min(units)))
+        .collect();
+    for_each_part(ranges, &|(a, b)| {
+        let mut u = a;
+        while u < b {
+            let img = u / segs;
+            let last = b.min((img + 1) * segs);
+            let (p0, p1) = ((u % segs) * SEG, ((last - img * segs) * SEG).min(lay.len));
+            run(&k, img, p0, p1, ys);
+            u = last;
+        }
+    });
+    Ok(())
+}
+
+/// Y, written by several threads: each part writes the output pixels of its own units (all
+/// their channels), which in NCHW are not one slice.
+struct Out {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: every output pixel belongs to one unit, and every unit to one part, which one thread
+// runs: the threads write disjoint elements, and Y outlives the parts (`for_each_part` returns
+// after all of them).
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// Writes `vals` (plus `bias`, then Relu when `relu`) at `at..at + vals.len()`, which the
+    /// output geometry keeps inside Y (a run that would pass its end is dropped).
+    #[inline(always)]
+    fn run(&self, at: usize, vals: &[f32], bias: Option<f32>, relu: bool) {
+        if at.checked_add(vals.len()).is_none_or(|e| e > self.len) {
+            return;
+        }
+        // SAFETY: in bounds (above); no other thread writes these elements (see the Sync
+        // impl), and nothing reads them while the parts run.
+        let out = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), vals.len()) };
+        let b = bias.unwrap_or(0.0);
+        match (bias.is_some(), relu) {
+            (false, false) => out.copy_from_slice(vals),
+            (true, false) => out.iter_mut().zip(vals).for_each(|(o, &v)| *o = v + b),
+            (has_bias, true) => out.iter_mut().zip(vals).for_each(|(o, &v)| {
+                let v = if has_bias { v + b } else { v };
+                *o = if v > 0.0 { v } else { 0.0 };
+            }),
+        }
+    }
+}
+
+struct Kernel<'a> {
+    order: Order,
+    d: &'a Dims,
+    lay: &'a Layout,
+    ph: &'a [f32],
+    /// The filters, block after block ([`blocked_filters`]).
+    wb: &'a [f32],
+    /// (first channel, channels) of each block.
+    blocks: &'a [(usize, usize)],
+    bias: Option<&'a [f32]>,
+    relu: bool,
+}
+
+/// Output pixels `p0..p1` (row-major over rows `wq` wide) of image `img`, all channels.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn run<'a>(k: &Kernel<'a>, img: usize, p0: usize, p1: usize, y: &Out) {
+    // Fused multiply-adds where the target has them (aarch64 always does); plain multiply and
+    // add in the baseline x86-64 version, where `mul_add` would be a library call.
+    let fma = cfg!(target_arch = "aarch64")
+        || multiversion::target::selected_target!().supports_feature_str("fma");
+    if fma {
+        blocks::<true>(k, img, p0, p1, y);
+    } else {
+        blocks::<false>(k, img, p0, p1, y);
+    }
+}
+
+/// All output channels over pixels `p0..p1`, block after block. Each block's run of pixels
+/// keeps `MB * NV` accumulator vectors, the run's `NV` input vectors and a broadcast weight in
+/// registers (15 or fewer of AVX2's 16).
+#[inline(always)]
+fn blocks<const FMA: bool>(k: &Kernel<'_>, img: usize, p0: usize, p1: usize, y: &Out) {
+    let taps = k.lay.taps.len();
+    for &(m0, mb) in k.blocks {
+        let w = &k.wb[m0 * taps..(m0 + mb) * taps];
+        match mb {
+            6 => runs::<6, 2, FMA>(k, img, p0, p1, m0, w, y),
+            4 => runs::<4, 2, FMA>(k, img, p0, p1, m0, w, y),
+            3 => runs::<3, 3, FMA>(k, img, p0, p1, m0, w, y),
+            2 => runs::<2, 4, FMA>(k, img, p0, p1, m0, w, y),
+            _ => runs::<1, 6, FMA>(k, img, p0, p1, m0, w, y),
+        }
+    }
+}
+
+/// Output channels `m0..m0 + MB` over pixels `p0..p1`, in runs of `NV` vectors.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn runs<const MB: usize, const NV: usize, const FMA: bool>(
+    k: &Kernel<'_>,
+    img: usize,
+    p0: usize,
+    p1: usize,
+    m0: usize,
+    wb: &[f32],
+    y: &Out,
+) {
+    let base = img * k.lay.image;
+    let mut p = p0;
+    while p < p1 {
+        let mut acc = [[[0f32; LANES]; NV]; MB];
+        for (&off, wt) in k.lay.taps.iter().zip(wb.chunks_exact(MB)) {
+            // In the buffer: a run ends at most `wq + SEG` past an image's last plane.
+            let src = &k.ph[base + off + p..][..NV * LANES];
+            let mut xs = [[0f32; LANES]; NV];
+            xs.as_flattened_mut().copy_from_slice(src);
+            for (a, &wv) in acc.iter_mut().zip(wt) {
+                for (av, xv) in a.iter_mut().zip(&xs) {
+                    for (o, &xe) in av.iter_mut().zip(xv) {
+                        *o = if FMA { wv.mul_add(xe, *o) } else { *o + wv * xe };
+                    }
+                }
+            }
+        }
+        // The accumulators are read at constant places only (so they stay in registers through
+        // the taps), into a buffer that the stores index freely.
+        let mut buf = [[0f32; RUN_MAX]; MB];
+        for (b, a) in buf.iter_mut().zip(&acc) {
+            for (v, av) in a.iter().enumerate() {
+                b[v * LANES..(v + 1) * LANES].copy_from_slice(av);
+            }
+        }
+        store(k, img, p, (NV * LANES).min(p1 - p), m0, &buf, y);
+        p += NV * LANES;
+    }
+}
+
+/// Stores the valid outputs among the `n` pixels from `p` (those whose column is below `ow`),
+/// `vals[mb]` holding channel `m0 + mb`, with bias and Relu: a row's stretch at a time.
+#[inline(always)]
+fn store<const MB: usize>(
+    k: &Kernel<'_>,
+    img: usize,
+    p: usize,
+    n: usize,
+    m0: usize,
+    vals: &[[f32; RUN_MAX]; MB],
+    y: &Out,
+) {
+    let d = k.d;
+    let (wq, so) = (k.lay.wq, d.oh * d.ow);
+    let (mut r, mut q) = (p / wq, p % wq);
+    let mut i = 0;
+    while i < n {
+        // Pixels i..i + len of the run are columns q.. of output row r.
+        let len = (wq - q).min(n - i);
+        let valid = len.min(d.ow.saturating_sub(q));
+        let pix = r * d.ow + q;
+        match k.order {
+            Order::Nchw => {
+                for (mb, v) in vals.iter().enumerate() {
+                    let m = m0 + mb;
+                    let at = (img * d.m + m) * so + pix;
+                    y.run(at, &v[i..i + valid], k.bias.map(|b| b[m]), k.relu);
+                }
+            }
+            Order::Nhwc => {
+                let bias = k.bias.map(|b| &b[m0..m0 + MB]);
+                for e in i..i + valid {
+                    let mut px = [0f32; MB];
+                    for (mb, o) in px.iter_mut().enumerate() {
+                        let mut v = vals[mb][e];
+                        if let Some(b) = bias {
+                            v += b[mb];
+                        }
+                        if k.relu {
+                            v = if v > 0.0 { v } else { 0.0 };
+                        }
+                        *o = v;
+                    }
+                    y.run((img * so + pix + e - i) * d.m + m0, &px, None, false);
+                }
+            }
+        }
+        i += len;
+        r += 1;
+        q = 0;
+    }
+}
