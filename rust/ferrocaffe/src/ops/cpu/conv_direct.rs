@@ -24,8 +24,6 @@ use crate::error::{try_vec, Error, Result};
 
 /// Output pixels per unit of work shared out: a multiple of every block's run.
 const SEG: usize = 96;
-/// The most pixels a block's run covers (`NV * LANES`).
-const RUN_MAX: usize = 48;
 /// Floats in a vector of the accumulators (one AVX2 register; two blocks make one AVX-512).
 const LANES: usize = 8;
 
@@ -112,34 +110,43 @@ impl Layout {
             .ok_or_else(|| too_large(d))
     }
 
-    /// Image `img`'s phase planes into `out` (`image` floats).
+    /// Image `img`'s phase planes into `out` (`image` floats): every float written.
     fn fill(&self, g: &Geometry, d: &Dims, x: &[f32], img: usize, out: &mut [f32]) {
         let (pt, pl) = (g.pad[0], g.pad[1]);
-        let (h, w) = (d.h, d.w);
+        let (h, w, c) = (d.h, d.w, d.c);
+        // An input pixel's step between channels, and between columns.
+        let (ch_step, col_step) = match g.order {
+            Order::Nchw => (h * w, 1),
+            Order::Nhwc => (1, c),
+        };
+        let row_step = w * col_step;
+        let image = &x[img * c * h * w..(img + 1) * c * h * w];
         for (k, dst) in out.chunks_exact_mut(self.plane).enumerate() {
-            let (c, pr, pc) = (k / (self.sh * self.sw), k / self.sw % self.sh, k % self.sw);
+            let (ch, pr, pc) = (k / (self.sh * self.sw), k / self.sw % self.sh, k % self.sw);
+            // Padded column q * sw + pc is input column q * sw + pc - pl: inside for q in
+            // q0..q1 (empty when the image has no column there).
+            let q0 = pl.saturating_sub(pc).div_ceil(self.sw).min(self.wq);
+            let q1 = (w + pl).saturating_sub(pc).div_ceil(self.sw).clamp(q0, self.wq);
+            // One memset of the plane, then the rows' insides (small fills per row would each
+            // be a call).
+            dst.fill(0.0);
+            if q0 == q1 {
+                continue;
+            }
+            let step = self.sw * col_step;
             for (r, row) in dst.chunks_exact_mut(self.wq).enumerate() {
-                row.fill(0.0);
                 // Padded row r * sh + pr is input row ih = that - pt, when inside.
                 let Some(ih) = (r * self.sh + pr).checked_sub(pt).filter(|&ih| ih < h) else {
                     continue;
                 };
-                // Padded column q * sw + pc is input column q * sw + pc - pl: inside for q in
-                // q0..q1.
-                let q0 = pl.saturating_sub(pc).div_ceil(self.sw);
-                let q1 = (w + pl).saturating_sub(pc).div_ceil(self.sw).min(self.wq);
-                match g.order {
-                    Order::Nchw => {
-                        let src = &x[((img * d.c + c) * h + ih) * w..][..w];
-                        for (q, v) in row.iter_mut().enumerate().take(q1).skip(q0) {
-                            *v = src[q * self.sw + pc - pl];
-                        }
-                    }
-                    Order::Nhwc => {
-                        let src = &x[(img * h + ih) * w * d.c..][..w * d.c];
-                        for (q, v) in row.iter_mut().enumerate().take(q1).skip(q0) {
-                            *v = src[(q * self.sw + pc - pl) * d.c + c];
-                        }
+                let first = ch * ch_step + ih * row_step + (q0 * self.sw + pc - pl) * col_step;
+                let src = &image[first..first + (q1 - q0 - 1) * step + 1];
+                let row = &mut row[q0..q1];
+                if step == 1 {
+                    row.copy_from_slice(src);
+                } else {
+                    for (v, run) in row.iter_mut().zip(src.chunks(step)) {
+                        *v = run[0];
                     }
                 }
             }
@@ -199,7 +206,50 @@ pub(crate) fn forward(
     y: &mut [f32],
 ) -> Result<()> {
     let lay = Layout::new(g, d)?;
-    let mut ph = try_vec(lay.buffer_len(d)?, 0f32, "the phase planes")?;
+    let len = lay.buffer_len(d)?;
+    PHASES.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            let out = run_with(g, d, &lay, x, w, bias, relu, y, &mut buf, len);
+            if buf.capacity() > KEEP {
+                *buf = Vec::new();
+            }
+            out
+        }
+        // Not expected (a convolution does not start another on its thread), but a buffer of
+        // its own is correct either way.
+        Err(_) => run_with(g, d, &lay, x, w, bias, relu, y, &mut Vec::new(), len),
+    })
+}
+
+thread_local! {
+    /// The calling thread's phase buffer, kept between convolutions (up to [`KEEP`] floats):
+    /// every image's planes are written in full each time, so it is never cleared.
+    static PHASES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Floats of phase buffer kept between convolutions (16 MiB).
+const KEEP: usize = 1 << 22;
+
+/// [`forward`] with `buf` as the phase buffer (grown to `len` floats).
+#[allow(clippy::too_many_arguments)]
+fn run_with(
+    g: &Geometry,
+    d: &Dims,
+    lay: &Layout,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    relu: bool,
+    y: &mut [f32],
+    buf: &mut Vec<f32>,
+    len: usize,
+) -> Result<()> {
+    if buf.len() < len {
+        buf.try_reserve_exact(len - buf.len()).map_err(|_| too_large(d))?;
+        // Zeros once, for the slack after the last image (read, then thrown away).
+        buf.resize(len, 0.0);
+    }
+    let ph = &mut buf[..len];
     // The phase copies: an image's worth of values each.
     let per = part_len(d.n, d.n.saturating_mul(lay.image));
     let parts: Vec<(usize, &mut [f32])> = ph[..d.n * lay.image]
@@ -217,8 +267,8 @@ pub(crate) fn forward(
     let k = Kernel {
         order: g.order,
         d,
-        lay: &lay,
-        ph: &ph,
+        lay,
+        ph,
         wb: &wb,
         blocks: &blocks,
         bias,
@@ -364,15 +414,11 @@ fn runs<const MB: usize, const NV: usize, const FMA: bool>(
                 }
             }
         }
-        // The accumulators are read at constant places only (so they stay in registers through
-        // the taps), into a buffer that the stores index freely.
-        let mut buf = [[0f32; RUN_MAX]; MB];
-        for (b, a) in buf.iter_mut().zip(&acc) {
-            for (v, av) in a.iter().enumerate() {
-                b[v * LANES..(v + 1) * LANES].copy_from_slice(av);
-            }
-        }
-        store(k, img, p, (NV * LANES).min(p1 - p), m0, &buf, y);
+        // A copy of the accumulators for the stores to index freely (the accumulators
+        // themselves are only ever read at constant places, so they stay in registers).
+        let buf: [[[f32; LANES]; NV]; MB] = acc;
+        let vals: [&[f32]; MB] = std::array::from_fn(|mb| buf[mb].as_flattened());
+        store(k, img, p, (NV * LANES).min(p1 - p), m0, &vals, y);
         p += NV * LANES;
     }
 }
@@ -386,7 +432,7 @@ fn store<const MB: usize>(
     p: usize,
     n: usize,
     m0: usize,
-    vals: &[[f32; RUN_MAX]; MB],
+    vals: &[&[f32]; MB],
     y: &Out,
 ) {
     let d = k.d;
