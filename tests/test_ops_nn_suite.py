@@ -631,6 +631,94 @@ def test_nchw_conv_through_nhwc_matches_the_reference(case, bias, relu):
     np.testing.assert_allclose(workspace.FetchBlob("Y"), want, rtol=1e-4, atol=1e-4)
 
 
+# Convolutions with at most 4 input or at most 4 output channels run on a direct kernel (the
+# input split into its stride phases, output channels in register blocks of 6, 4, 3, 2 and 1,
+# runs of pixels across rows). The cases reach every block size and its leftovers, strides 1-4,
+# asymmetric kernels, strides and pads, dilation, pads wider than the kernel, one output pixel,
+# rows longer than a run, a fused Relu, and images split among parts.
+DIRECT_CASES = [
+    # (n, c, h, w, m, (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw))
+    (8, 3, 32, 32, 8, (5, 5), (1, 1), (2, 2, 2, 2), (1, 1)),
+    (8, 8, 16, 16, 3, (5, 5), (1, 1), (2, 2, 2, 2), (1, 1)),
+    (4, 3, 17, 19, 32, (3, 3), (2, 2), (0, 0, 0, 0), (1, 1)),
+    (3, 3, 35, 33, 24, (11, 11), (4, 4), (2, 2, 2, 2), (1, 1)),
+    (2, 1, 28, 28, 20, (5, 5), (1, 1), (0, 0, 0, 0), (1, 1)),
+    (2, 4, 7, 7, 12, (5, 5), (1, 1), (2, 2, 2, 2), (1, 1)),
+    (2, 2, 13, 11, 7, (3, 5), (2, 3), (1, 2, 0, 1), (1, 1)),
+    (2, 3, 20, 17, 10, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2)),
+    (1, 2, 9, 40, 5, (2, 3), (1, 2), (0, 1, 1, 0), (2, 1)),
+    (2, 16, 9, 9, 1, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    (2, 32, 6, 6, 2, (3, 3), (2, 1), (1, 1, 1, 1), (1, 1)),
+    (2, 3, 4, 4, 4, (3, 3), (1, 1), (4, 4, 4, 4), (1, 1)),
+    (3, 2, 3, 3, 6, (3, 3), (1, 1), (0, 0, 0, 0), (1, 1)),
+    (2, 3, 2, 70, 13, (1, 3), (1, 1), (0, 1, 0, 1), (1, 1)),
+    (1, 4, 5, 5, 11, (5, 1), (3, 1), (1, 0, 2, 0), (1, 1)),
+]
+
+
+@pytest.mark.parametrize("case", DIRECT_CASES)
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("relu", [False, True])
+def test_few_channel_conv_matches_the_reference(case, order, bias, relu):
+    n, c, h, w, m, (kh, kw), stride, pads, dil = case
+    rng = np.random.default_rng(c * 13 + m * 5 + w)
+    x = rng.standard_normal((n, c, h, w)).astype(f32)
+    wt = rng.standard_normal((m, c, kh, kw)).astype(f32)
+    b = rng.standard_normal(m).astype(f32)
+    nd_pads = [pads[0], pads[1], pads[2], pads[3]]
+    want = ref_conv_nd(x, wt, b if bias else None, list(stride), nd_pads, list(dil), 1)
+    if relu:
+        want = np.maximum(want, 0)
+    xi, wi = (x, wt) if order == "NCHW" else (utils.NCHW2NHWC(x), utils.NCHW2NHWC(wt))
+    workspace.ResetWorkspace()
+    for name, v in (("X", xi), ("W", wi), ("b", b)):
+        workspace.FeedBlob(name, np.ascontiguousarray(v))
+    net = core.Net("few_channels")
+    net.Conv(
+        ["X", "W"] + (["b"] if bias else []),
+        "Y",
+        kernel_h=kh,
+        kernel_w=kw,
+        stride_h=stride[0],
+        stride_w=stride[1],
+        pad_t=pads[0],
+        pad_l=pads[1],
+        pad_b=pads[2],
+        pad_r=pads[3],
+        dilation_h=dil[0],
+        dilation_w=dil[1],
+        order=order,
+    )
+    if relu:
+        net.Relu("Y", "Y")
+    workspace.RunNetOnce(net)
+    y = workspace.FetchBlob("Y")
+    if order == "NHWC":
+        y = utils.NHWC2NCHW(y)
+    assert y.shape == want.shape
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+def test_few_channel_conv_gives_the_same_values_run_after_run():
+    # The phase buffer is kept between runs and never cleared: a smaller convolution after a
+    # larger one, and the first again, must not see the other's values.
+    rng = np.random.default_rng(5)
+    shapes = [((2, 3, 30, 30), (8, 3, 5, 5)), ((1, 2, 6, 7), (3, 2, 3, 3))]
+    first = {}
+    for rep in range(2):
+        for i, (xs, ws) in enumerate(shapes):
+            x = rng.standard_normal(xs).astype(f32) if rep == 0 else first[i][0]
+            wt = rng.standard_normal(ws).astype(f32) if rep == 0 else first[i][1]
+            (y,) = run("Conv", [x, wt], ["Y"], kernel=ws[2], pad=1)
+            want = ref_conv_nd(x, wt, None, [1, 1], [1] * 4, [1, 1], 1)
+            np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+            if rep == 0:
+                first[i] = (x, wt, y)
+            else:
+                np.testing.assert_array_equal(y, first[i][2])
+
+
 @pytest.mark.parametrize("order", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("spatial", [(3, 0), (0, 3)])
 def test_2d_pooling_of_an_input_without_pixels_gives_empty_windows(order, spatial):

@@ -240,7 +240,7 @@ impl Conv {
             }
             return Ok(());
         }
-        if self.direct && conv_direct::applies(&d) {
+        if self.direct && conv_direct::applies(&self.g, &d) {
             return conv_direct::forward(&self.g, &d, xs, ws, bias, self.relu, y);
         }
         if let Some(tile) = self.winograd.choose(&self.g, &d) {
