@@ -1,6 +1,7 @@
-//! Direct 2-d convolution, for layers with few input or output channels (a first layer on RGB or
-//! grey images, a last layer back to RGB), where im2col + GEMM spends most of its time copying
-//! short rows into the column matrix and then runs a product with a short side.
+//! Direct 2-d convolution, for layers with few channels (a first layer on RGB or grey images, a
+//! last layer back to RGB, the narrow layers of small models; [`applies`] says which), where
+//! im2col + GEMM spends much of its time copying short rows into the column matrix and then
+//! runs a product with a short side.
 //!
 //! Each image is first split into its stride phases: for strides `(sh, sw)`, the padded input
 //! plane of each channel becomes `sh * sw` planes of `rq x wq`, phase `(pr, pc)` holding the
@@ -12,7 +13,8 @@
 //! padding. A run of output pixels of a block of output channels is then accumulated in
 //! registers over all `C * kh * kw` taps: per tap, a few vector loads of the input, a broadcast
 //! of each channel's weight, and a fused multiply-add per (channel, vector). Bias and a fused
-//! Relu are applied as the run is stored, into NCHW rows or NHWC pixels.
+//! Relu are applied as the run is stored, into NCHW rows or NHWC pixels. Each output is
+//! `bias + sum over taps in (c, kh, kw) order`, one fused multiply-add after another.
 //!
 //! The phase copies of all images are made first (a part per group of images), then runs of
 //! pixels of all images are shared out to the team.
@@ -28,19 +30,19 @@ const SEG: usize = 96;
 const LANES: usize = 8;
 
 /// Whether the direct kernel runs this convolution: one group, a kernel larger than 1x1, and
-/// at most [`FEW_IN`] input channels or at most [`FEW_OUT`] output channels; but not an NCHW
-/// convolution at stride 1 with fewer than 32 taps per output (`C * kh * kw`) and 16 or more
-/// output channels (a 3x3 or 5x5 first layer). There im2col copies whole rows and the product
-/// runs along the long rows of pixels, which measured 1.05-1.2x faster than the direct kernel
-/// (single-threaded, `x 8x3x32x32, W 16x3x3x3` and `x 8x1x28x28, W 20x1x5x5`), whose rows
-/// carry `kw - 1` computed and discarded columns.
+/// few channels: at most 4 in, or at most 8 out, or at most 16 each way. Single-threaded on the
+/// corpus's shapes and their neighbours (2-core AMD EPYC, AVX2), it ran 1.1-5x faster than
+/// im2col + GEMM (or Winograd, for 16 to 16) there, and 0.8-0.9x with 16 in and 24 or 32 out or
+/// 20 in and 32 out. Not an NCHW convolution at stride 1 with fewer than 32 taps per output
+/// (`C * kh * kw`) and 16 or more outputs (a 3x3 or 5x5 first layer) either: there im2col
+/// copies whole rows and the product runs along the long rows of pixels, which measured
+/// 1.05-1.2x faster (`x 8x3x32x32, W 16x3x3x3` and `x 8x1x28x28, W 20x1x5x5`) than the direct
+/// kernel, whose rows carry `kw - 1` computed and discarded columns.
 pub(crate) fn applies(g: &Geometry, d: &Dims) -> bool {
-    let few = d.c <= FEW_IN || d.m <= FEW_OUT;
-    let rows_win = g.order == Order::Nchw
-        && g.stride == [1, 1]
-        && d.c * d.kh * d.kw < 32
-        && d.m >= 16;
-    d.group == 1 && d.kh * d.kw > 1 && few && !rows_win
+    let few = d.c <= 4 || d.m <= 8 || (d.c <= 16 && d.m <= 16);
+    let rows_win =
+        g.order == Order::Nchw && g.stride == [1, 1] && d.c * d.kh * d.kw < 32 && d.m >= 16;
+    d.group == 1 && d.kh * d.kw > 1 && ((few && !rows_win) || forced())
 }
 
 /// Whether the kernel is on: unless `FERROCAFFE_DIRECT_CONV=0` (im2col + GEMM instead, to
@@ -49,10 +51,11 @@ pub(crate) fn enabled() -> bool {
     std::env::var("FERROCAFFE_DIRECT_CONV").map_or(true, |v| v != "0")
 }
 
-/// Input channels up to which the direct kernel runs (any number of outputs).
-const FEW_IN: usize = 4;
-/// Output channels up to which the direct kernel runs (any number of inputs).
-const FEW_OUT: usize = 4;
+/// `FERROCAFFE_DIRECT_CONV=2`: every convolution with one group and a kernel larger than 1x1
+/// runs on the direct kernel (to measure it against the others).
+fn forced() -> bool {
+    std::env::var("FERROCAFFE_DIRECT_CONV").is_ok_and(|v| v == "2")
+}
 
 /// Where the phase planes of one image lie, and which run each tap reads.
 struct Layout {
