@@ -700,6 +700,38 @@ def test_few_channel_conv_matches_the_reference(case, order, bias, relu):
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
 
 
+# Grouped convolutions with few channels per group, and depthwise ones in NCHW at stride 1 on
+# rows of 16 or more, run on the same kernel, each register block inside one group.
+DIRECT_GROUP_CASES = [
+    # (n, c, h, w, m, kernel, stride, pad, group)
+    (4, 24, 7, 7, 32, 5, 1, 2, 2),
+    (2, 32, 16, 16, 32, 3, 1, 1, 4),
+    (2, 4, 9, 10, 8, 3, 2, 1, 4),
+    (2, 6, 8, 8, 10, 3, 1, 1, 2),
+    (3, 16, 16, 16, 16, 3, 1, 1, 16),
+    (2, 24, 20, 21, 24, 5, 1, 2, 24),
+    (1, 8, 3, 40, 8, 3, 1, 1, 8),
+]
+
+
+@pytest.mark.parametrize("case", DIRECT_GROUP_CASES)
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_few_channel_grouped_conv_matches_the_reference(case, order, bias):
+    n, c, h, w, m, k, s, p, group = case
+    rng = np.random.default_rng(c * 3 + m + group)
+    x = rng.standard_normal((n, c, h, w)).astype(f32)
+    wt = rng.standard_normal((m, c // group, k, k)).astype(f32)
+    b = rng.standard_normal(m).astype(f32)
+    want = ref_conv_nd(x, wt, b if bias else None, [s] * 2, [p] * 4, [1, 1], group)
+    xi, wi = (x, wt) if order == "NCHW" else (utils.NCHW2NHWC(x), utils.NCHW2NHWC(wt))
+    ins = [np.ascontiguousarray(xi), np.ascontiguousarray(wi)] + ([b] if bias else [])
+    (y,) = run("Conv", ins, ["Y"], kernel=k, stride=s, pad=p, group=group, order=order)
+    if order == "NHWC":
+        y = utils.NHWC2NCHW(y)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
 def test_few_channel_conv_gives_the_same_values_run_after_run():
     # The phase buffer is kept between runs and never cleared: a smaller convolution after a
     # larger one, and the first again, must not see the other's values.

@@ -233,19 +233,19 @@ impl Conv {
             // No image, no output channel or no output pixel: an empty Y of the right shape.
             return Ok(());
         }
-        if d.group == d.c && d.m == d.c {
-            depthwise::forward(&self.g, &d, xs, ws, bias, y)?;
-            if self.relu {
-                relu_in_place(y);
-            }
-            return Ok(());
-        }
         // Not the convolutions that run through NHWC: there the direct kernel gained only
         // 1.0-1.2x, and the NHWC order of sums kept the corpus's style-transfer model (whose
         // output sits at 0.7 of the tolerance) within Caffe2's recorded output, where the
         // direct kernel's order took one value of 24576 past it.
         if self.direct && !self.runs_through_nhwc(&d) && conv_direct::applies(&self.g, &d) {
             return conv_direct::forward(&self.g, &d, xs, ws, bias, self.relu, y);
+        }
+        if d.group == d.c && d.m == d.c {
+            depthwise::forward(&self.g, &d, xs, ws, bias, y)?;
+            if self.relu {
+                relu_in_place(y);
+            }
+            return Ok(());
         }
         if let Some(tile) = self.winograd.choose(&self.g, &d) {
             let p = winograd::Problem {

@@ -29,20 +29,38 @@ const SEG: usize = 96;
 /// Floats in a vector of the accumulators (one AVX2 register; two blocks make one AVX-512).
 const LANES: usize = 8;
 
-/// Whether the direct kernel runs this convolution: one group, a kernel larger than 1x1, and
-/// few channels: at most 4 in, or at most 8 out, or at most 16 each way. Single-threaded on the
+/// Whether the direct kernel runs this convolution: a kernel larger than 1x1, and few channels
+/// per group: at most 4 in, or at most 8 out, or at most 16 each way. Single-threaded on the
 /// corpus's shapes and their neighbours (2-core AMD EPYC, AVX2), it ran 1.1-5x faster than
-/// im2col + GEMM (or Winograd, for 16 to 16) there, and 0.8-0.9x with 16 in and 24 or 32 out or
-/// 20 in and 32 out. Not an NCHW convolution at stride 1 with fewer than 32 taps per output
-/// (`C * kh * kw`) and 16 or more outputs (a 3x3 or 5x5 first layer) either: there im2col
-/// copies whole rows and the product runs along the long rows of pixels, which measured
-/// 1.05-1.2x faster (`x 8x3x32x32, W 16x3x3x3` and `x 8x1x28x28, W 20x1x5x5`) than the direct
-/// kernel, whose rows carry `kw - 1` computed and discarded columns.
+/// im2col + GEMM there (or Winograd, for 16 to 16; groups of 8 to 8 and 12 to 16 1.1-2x), and
+/// 0.8-0.9x with 16 in and 24 or 32 out or 20 in and 32 out. Not an NCHW convolution at stride
+/// 1 with fewer than 32 taps per output (`C * kh * kw`) and 16 or more outputs (a 3x3 or 5x5
+/// first layer) either: there im2col copies whole rows and the product runs along the long
+/// rows of pixels, which measured 1.05-1.2x faster (`x 8x3x32x32, W 16x3x3x3` and
+/// `x 8x1x28x28, W 20x1x5x5`) than the direct kernel, whose rows carry `kw - 1` computed and
+/// discarded columns.
+///
+/// Depthwise convolutions (one channel per group) only in NCHW at stride 1 with rows of 16 or
+/// more: 1.2-3x faster than the depthwise kernel's plane-at-a-time loop there, but 2-3x slower
+/// than its NHWC kernels on short rows, at stride 2 or in NHWC.
 pub(crate) fn applies(g: &Geometry, d: &Dims) -> bool {
-    let few = d.c <= 4 || d.m <= 8 || (d.c <= 16 && d.m <= 16);
-    let rows_win =
-        g.order == Order::Nchw && g.stride == [1, 1] && d.c * d.kh * d.kw < 32 && d.m >= 16;
-    d.group == 1 && d.kh * d.kw > 1 && ((few && !rows_win) || forced())
+    if d.kh * d.kw < 2 {
+        return false;
+    }
+    if forced() {
+        return true;
+    }
+    if d.group == d.c && d.m == d.c && d.group > 1 {
+        return g.order == Order::Nchw && g.stride == [1, 1] && d.ow >= 16;
+    }
+    let (cg, mg) = (d.c / d.group, d.m / d.group);
+    let few = cg <= 4 || mg <= 8 || (cg <= 16 && mg <= 16);
+    let rows_win = g.order == Order::Nchw
+        && g.stride == [1, 1]
+        && d.group == 1
+        && d.c * d.kh * d.kw < 32
+        && d.m >= 16;
+    few && !rows_win
 }
 
 /// Whether the kernel is on: unless `FERROCAFFE_DIRECT_CONV=0` (im2col + GEMM instead, to
@@ -51,8 +69,8 @@ pub(crate) fn enabled() -> bool {
     std::env::var("FERROCAFFE_DIRECT_CONV").map_or(true, |v| v != "0")
 }
 
-/// `FERROCAFFE_DIRECT_CONV=2`: every convolution with one group and a kernel larger than 1x1
-/// runs on the direct kernel (to measure it against the others).
+/// `FERROCAFFE_DIRECT_CONV=2`: every convolution with a kernel larger than 1x1 runs on the
+/// direct kernel (to measure it against the others).
 fn forced() -> bool {
     std::env::var("FERROCAFFE_DIRECT_CONV").is_ok_and(|v| v == "2")
 }
@@ -218,24 +236,28 @@ fn fill(
     }
 }
 
-/// How the output channels are cut into register blocks: blocks of 6 while more than 6 are
-/// left, then 5 as 3 + 2, else the rest as one block.
-fn channel_blocks(m: usize) -> Vec<(usize, usize)> {
-    let mut out = Vec::with_capacity(m.div_ceil(6) + 1);
-    let mut m0 = 0;
-    while m - m0 > 6 {
-        out.push((m0, 6));
-        m0 += 6;
-    }
-    match m - m0 {
-        0 => {}
-        5 => out.extend([(m0, 3), (m0 + 3, 2)]),
-        r => out.push((m0, r)),
+/// How the output channels are cut into register blocks, group by group (a block's channels
+/// read the same input channels): in each group, blocks of 6 while more than 6 are left, then
+/// 5 as 3 + 2, else the rest as one block.
+fn channel_blocks(m: usize, group: usize) -> Vec<(usize, usize)> {
+    let mg = m / group;
+    let mut out = Vec::with_capacity(group * (mg.div_ceil(6) + 1));
+    for gi in 0..group {
+        let (mut m0, end) = (gi * mg, (gi + 1) * mg);
+        while end - m0 > 6 {
+            out.push((m0, 6));
+            m0 += 6;
+        }
+        match end - m0 {
+            0 => {}
+            5 => out.extend([(m0, 3), (m0 + 3, 2)]),
+            r => out.push((m0, r)),
+        }
     }
     out
 }
 
-/// The filters of each block, one after another, each as `[C * kh * kw taps][mb]` (the
+/// The filters of each block, one after another, each as `[C/G * kh * kw taps][mb]` (the
 /// block's channels side by side).
 fn blocked_filters(
     g: &Geometry,
@@ -243,17 +265,18 @@ fn blocked_filters(
     w: &[f32],
     blocks: &[(usize, usize)],
 ) -> Result<Vec<f32>> {
-    let (taps, kk) = (d.c * d.kh * d.kw, d.kh * d.kw);
+    let (cg, kk) = (d.c / d.group, d.kh * d.kw);
+    let taps = cg * kk;
     let mut out = try_vec(d.m * taps, 0f32, "the direct convolution's filters")?;
     for &(m0, mb) in blocks {
         let dst = &mut out[m0 * taps..(m0 + mb) * taps];
         for j in 0..mb {
             let m = m0 + j;
-            for c in 0..d.c {
+            for c in 0..cg {
                 for t in 0..kk {
                     let src = match g.order {
-                        Order::Nchw => (m * d.c + c) * kk + t,
-                        Order::Nhwc => (m * kk + t) * d.c + c,
+                        Order::Nchw => (m * cg + c) * kk + t,
+                        Order::Nhwc => (m * kk + t) * cg + c,
                     };
                     dst[(c * kk + t) * mb + j] = w[src];
                 }
@@ -333,7 +356,7 @@ fn run_with(
             lay.fill(g, d, x, first + k, img, &mut row);
         }
     });
-    let blocks = channel_blocks(d.m);
+    let blocks = channel_blocks(d.m, d.group);
     let wb = blocked_filters(g, d, w, &blocks)?;
     let k = Kernel {
         order: g.order,
@@ -348,7 +371,7 @@ fn run_with(
     // Units: runs of SEG output pixels of one image.
     let segs = lay.len.div_ceil(SEG);
     let units = d.n * segs;
-    let macs = (d.m * d.c * d.kh * d.kw)
+    let macs = (d.m * (d.c / d.group) * d.kh * d.kw)
         .saturating_mul(lay.len)
         .saturating_mul(d.n);
     let per = part_len(units, macs / 16);
@@ -445,20 +468,26 @@ fn run<'a>(k: &Kernel<'a>, img: usize, p0: usize, p1: usize, y: &Out) {
 /// registers (15 or fewer of AVX2's 16).
 #[inline(always)]
 fn blocks<const FMA: bool>(k: &Kernel<'_>, img: usize, p0: usize, p1: usize, y: &Out) {
-    let taps = k.lay.taps.len();
+    let d = k.d;
+    // Each block reads the taps of its group's input channels.
+    let taps = d.c / d.group * d.kh * d.kw;
+    let mg = d.m / d.group;
     for &(m0, mb) in k.blocks {
         let w = &k.wb[m0 * taps..(m0 + mb) * taps];
+        let gi = m0 / mg;
+        let t = &k.lay.taps[gi * taps..(gi + 1) * taps];
         match mb {
-            6 => runs::<6, 2, FMA>(k, img, p0, p1, m0, w, y),
-            4 => runs::<4, 2, FMA>(k, img, p0, p1, m0, w, y),
-            3 => runs::<3, 3, FMA>(k, img, p0, p1, m0, w, y),
-            2 => runs::<2, 4, FMA>(k, img, p0, p1, m0, w, y),
-            _ => runs::<1, 6, FMA>(k, img, p0, p1, m0, w, y),
+            6 => runs::<6, 2, FMA>(k, img, p0, p1, m0, t, w, y),
+            4 => runs::<4, 2, FMA>(k, img, p0, p1, m0, t, w, y),
+            3 => runs::<3, 3, FMA>(k, img, p0, p1, m0, t, w, y),
+            2 => runs::<2, 4, FMA>(k, img, p0, p1, m0, t, w, y),
+            _ => runs::<1, 6, FMA>(k, img, p0, p1, m0, t, w, y),
         }
     }
 }
 
-/// Output channels `m0..m0 + MB` over pixels `p0..p1`, in runs of `NV` vectors.
+/// Output channels `m0..m0 + MB` over pixels `p0..p1`, in runs of `NV` vectors, over the taps
+/// `taps` (offsets of their runs) with the filters `wb`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn runs<const MB: usize, const NV: usize, const FMA: bool>(
@@ -467,6 +496,7 @@ fn runs<const MB: usize, const NV: usize, const FMA: bool>(
     p0: usize,
     p1: usize,
     m0: usize,
+    taps: &[usize],
     wb: &[f32],
     y: &Out,
 ) {
@@ -474,7 +504,7 @@ fn runs<const MB: usize, const NV: usize, const FMA: bool>(
     let mut p = p0;
     while p < p1 {
         let mut acc = [[[0f32; LANES]; NV]; MB];
-        for (&off, wt) in k.lay.taps.iter().zip(wb.chunks_exact(MB)) {
+        for (&off, wt) in taps.iter().zip(wb.chunks_exact(MB)) {
             // In the buffer: a run ends at most `wq + SEG` past an image's last plane.
             let src = &k.ph[base + off + p..][..NV * LANES];
             let mut xs = [[0f32; LANES]; NV];
