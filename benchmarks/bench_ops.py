@@ -2,10 +2,11 @@
 
     python benchmarks/bench_ops.py [--only pool,lrn,...] [--reps N] [--trials N]
     python benchmarks/bench_ops.py --against DIR [--rounds N]
+    python benchmarks/bench_ops.py --against-env VAR=VALUE [--rounds N]
 
 Each case is one op in a created net, run ``--reps`` times per ``RunNet`` call; its time is the
 best of ``--trials`` such calls, in microseconds per run. The cases are the pooling, LRN,
-layout, upsampling, InstanceNorm and depthwise-convolution shapes of
+layout, upsampling, InstanceNorm, depthwise-convolution and few-channel convolution shapes of
 ``tests/golden/models`` (those ops were a third of some models' time before their kernels
 were vectorized).
 
@@ -14,6 +15,10 @@ a ``ferrocaffe`` package (a copy of ``python/ferrocaffe`` with that build's
 ``_native.abi3.so``). Both run as subprocesses, alternating, ``--rounds`` times; each case
 keeps its best time per side, and the last column is ours over theirs (below 1 is faster
 here). ``FERROCAFFE_NUM_THREADS`` and the rest of the environment are passed on unchanged.
+
+``--against-env VAR=VALUE`` compares the same build with ``VAR`` set to ``VALUE`` on the other
+side, in the same way: ``--only conv --against-env FERROCAFFE_DIRECT_CONV=0`` measures the
+few-channel direct convolution kernel against im2col + GEMM.
 """
 
 from __future__ import annotations
@@ -147,6 +152,90 @@ CASES = [
         [(8, 16, 16, 32), (32, 3, 3, 1)],
         {"kernel": 3, "stride": 1, "pad": 1, "group": 32, "order": "NHWC"},
     ),
+    (
+        "conv",
+        "Conv NCHW 8x3x32x32 5x5 to 8",
+        "Conv",
+        [(8, 3, 32, 32), (8, 3, 5, 5), (8,)],
+        {"kernel": 5, "pad": 2, "order": "NCHW"},
+    ),
+    (
+        "conv",
+        "Conv NCHW 8x8x32x32 5x5 to 3",
+        "Conv",
+        [(8, 8, 32, 32), (3, 8, 5, 5), (3,)],
+        {"kernel": 5, "pad": 2, "order": "NCHW"},
+    ),
+    (
+        "conv",
+        "Conv NCHW 8x16x32x32 3x3 to 8",
+        "Conv",
+        [(8, 16, 32, 32), (8, 16, 3, 3), (8,)],
+        {"kernel": 3, "pad": 1, "order": "NCHW"},
+    ),
+    (
+        "conv",
+        "Conv NCHW 8x16x32x32 3x3 to 16",
+        "Conv",
+        [(8, 16, 32, 32), (16, 16, 3, 3), (16,)],
+        {"kernel": 3, "pad": 1, "order": "NCHW"},
+    ),
+    (
+        "conv",
+        "Conv NCHW 8x3x32x32 3x3 s2 to 32",
+        "Conv",
+        [(8, 3, 32, 32), (32, 3, 3, 3), (32,)],
+        {"kernel": 3, "stride": 2, "order": "NCHW"},
+    ),
+    (
+        "conv",
+        "Conv NCHW 8x3x32x32 5x5 to 16",
+        "Conv",
+        [(8, 3, 32, 32), (16, 3, 5, 5), (16,)],
+        {"kernel": 5, "pad": 2, "order": "NCHW"},
+    ),
+    (
+        "conv",
+        "Conv NCHW 8x3x32x32 3x3 s2 to 16",
+        "Conv",
+        [(8, 3, 32, 32), (16, 3, 3, 3), (16,)],
+        {"kernel": 3, "stride": 2, "pad": 1, "order": "NCHW"},
+    ),
+    (
+        "conv",
+        "Conv NCHW 8x4x7x7 5x5 to 12",
+        "Conv",
+        [(8, 4, 7, 7), (12, 4, 5, 5), (12,)],
+        {"kernel": 5, "pad": 2, "order": "NCHW"},
+    ),
+    (
+        "conv",
+        "Conv NHWC 8x64x64x3 11x11 s4 to 24",
+        "Conv",
+        [(8, 64, 64, 3), (24, 11, 11, 3), (24,)],
+        {"kernel": 11, "stride": 4, "pad": 2, "order": "NHWC"},
+    ),
+    (
+        "conv",
+        "Conv NHWC 8x32x32x3 3x3 to 16",
+        "Conv",
+        [(8, 32, 32, 3), (16, 3, 3, 3), (16,)],
+        {"kernel": 3, "pad": 1, "order": "NHWC"},
+    ),
+    (
+        "conv",
+        "Conv NHWC 8x28x28x1 5x5 to 20",
+        "Conv",
+        [(8, 28, 28, 1), (20, 5, 5, 1), (20,)],
+        {"kernel": 5, "order": "NHWC"},
+    ),
+    (
+        "conv",
+        "Conv NHWC 8x7x7x24 5x5 g2 to 32",
+        "Conv",
+        [(8, 7, 7, 24), (32, 5, 5, 12), (32,)],
+        {"kernel": 5, "pad": 2, "group": 2, "order": "NHWC"},
+    ),
 ]
 
 
@@ -185,11 +274,16 @@ def against(args) -> int:
         "--trials",
         str(args.trials),
     ] + (["--only", args.only] if args.only else [])
-    sides = {"ours": str(ROOT / "python"), "theirs": str(Path(args.against).resolve())}
+    ours = str(ROOT / "python")
+    if args.against_env:
+        var, _, value = args.against_env.partition("=")
+        sides = {"ours": (ours, {}), "theirs": (ours, {var: value})}
+    else:
+        sides = {"ours": (ours, {}), "theirs": (str(Path(args.against).resolve()), {})}
     best: dict[str, dict[str, float]] = {s: {} for s in sides}
     for _ in range(args.rounds):
-        for side, path in sides.items():
-            env = dict(os.environ, PYTHONPATH=path)
+        for side, (path, extra) in sides.items():
+            env = dict(os.environ, PYTHONPATH=path, **extra)
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
             for label, us in json.loads(res.stdout).items():
                 best[side][label] = min(us, best[side].get(label, float("inf")))
@@ -211,10 +305,11 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=200)
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--against", help="a directory holding another build's ferrocaffe package")
+    p.add_argument("--against-env", help="VAR=VALUE: this build with VAR set, on the other side")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.against:
+    if args.against or args.against_env:
         return against(args)
     only = set(args.only.split(",")) if args.only else None
     res = measure(only, args.reps, args.trials)
