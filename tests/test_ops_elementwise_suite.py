@@ -262,3 +262,24 @@ def test_c_workspace_is_separate_with_blob_handles():
     with pytest.raises(TypeError):
         ws.run("not a proto")
     assert workspace.C.kernel_types() == sorted(workspace.C.kernel_types())
+
+
+@pytest.mark.parametrize("shape", [(8, 5), (3, 64), (2, 3, 40), (4, 131), (1, 1), (5, 0)])
+def test_softmax_matches_float64_on_every_row_length(shape):
+    # Rows shorter than, equal to and longer than a vector, with a tail; the values span a
+    # wide range so that the max subtraction matters.
+    x = (RNG.standard_normal(shape) * 30).astype(np.float32)
+    (y,) = run("Softmax", {"X": x}, ["Y"], axis=len(shape) - 1)
+    z = x.astype(np.float64)
+    want = np.exp(z - z.max(axis=-1, keepdims=True)) if x.size else z
+    want = want / want.sum(axis=-1, keepdims=True) if x.size else z
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-7)
+
+
+def test_softmax_of_minus_infinity_is_zero_and_nan_propagates():
+    x = np.array([[0.0, -np.inf, 1.0, -200.0], [np.nan, 0.0, 1.0, 2.0]], np.float32)
+    (y,) = run("Softmax", {"X": x}, ["Y"])
+    e = np.exp([0.0, 1.0])
+    np.testing.assert_allclose(y[0], [e[0] / e.sum(), 0.0, e[1] / e.sum(), 0.0], rtol=1e-6)
+    assert y[0, 1] == 0.0 and y[0, 3] == 0.0
+    assert np.isnan(y[1]).all()
