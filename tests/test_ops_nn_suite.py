@@ -762,3 +762,27 @@ def test_2d_pooling_of_an_input_without_pixels_gives_empty_windows(order, spatia
         (y,) = run(op_type, [x], ["Y"], kernel=2, pad=1, order=order)
         assert y.size > 0
         assert np.all(y == value)
+
+
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("n", [1, 8])
+def test_conv_transpose_matches_the_reference_with_images_shared_out(order, n):
+    # Eight images of this size are shared out to the team, each part with its own column
+    # buffer; the bias is added after.
+    rng = np.random.default_rng(n)
+    cin, cout, h, w, k, s, p = 32, 16, 8, 7, 4, 2, 1
+    x = rng.standard_normal((n, cin, h, w)).astype(f32)
+    wt = rng.standard_normal((cin, cout, k, k)).astype(f32)
+    b = rng.standard_normal(cout).astype(f32)
+    full = np.zeros((n, cout, (h - 1) * s + k, (w - 1) * s + k))
+    for i in range(k):
+        for j in range(k):
+            contrib = np.einsum("nchw,cd->ndhw", x.astype(np.float64), wt[:, :, i, j])
+            full[:, :, i : i + s * h : s, j : j + s * w : s] += contrib
+    want = full[:, :, p : full.shape[2] - p, p : full.shape[3] - p] + b.reshape(1, -1, 1, 1)
+    xi, wi = (x, wt) if order == "NCHW" else (utils.NCHW2NHWC(x), utils.NCHW2NHWC(wt))
+    ins = [np.ascontiguousarray(xi), np.ascontiguousarray(wi), b]
+    (y,) = run("ConvTranspose", ins, ["Y"], kernel=k, stride=s, pad=p, order=order)
+    if order == "NHWC":
+        y = utils.NHWC2NCHW(y)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)

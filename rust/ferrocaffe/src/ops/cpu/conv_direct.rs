@@ -561,10 +561,10 @@ fn store<const MB: usize>(
             }
             Order::Nhwc => {
                 let bias = k.bias.map(|b| &b[m0..m0 + MB]);
-                for e in i..i + valid {
+                for e in 0..valid {
                     let mut px = [0f32; MB];
-                    for (mb, o) in px.iter_mut().enumerate() {
-                        let mut v = vals[mb][e];
+                    for ((o, v), mb) in px.iter_mut().zip(vals).zip(0..MB) {
+                        let mut v = v[i + e];
                         if let Some(b) = bias {
                             v += b[mb];
                         }
@@ -573,7 +573,7 @@ fn store<const MB: usize>(
                         }
                         *o = v;
                     }
-                    y.run((img * so + pix + e - i) * d.m + m0, &px, None, false);
+                    y.run((img * so + pix + e) * d.m + m0, &px, None, false);
                 }
             }
         }

@@ -8,6 +8,7 @@
 
 use super::conv::{col2im, im2col, Dims};
 use super::conv_args::{self, Geometry, Order};
+use crate::blas::{for_each_part, part_len};
 use crate::error::{try_vec, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
@@ -101,15 +102,34 @@ impl ConvTranspose {
             return Ok(());
         }
         let (kd, so) = Self::col_len(&d)?;
-        let mut col = try_vec(kd * so, 0f32, "ConvTranspose column buffer")?;
-        for img in 0..n {
-            let xi = &xs[img * cin * so..(img + 1) * cin * so];
-            match g.order {
-                Order::Nchw => gemm.sgemm(true, false, kd, so, cin, 1.0, ws, xi, 0.0, &mut col),
-                Order::Nhwc => gemm.sgemm(false, false, so, kd, cin, 1.0, xi, ws, 0.0, &mut col),
-            }
-            col2im(g, &d, &col, img, 0, y);
+        // Images are shared out to the team, a few consecutive ones per part with a column
+        // buffer each (the products inside a part then run on its thread alone); `col2im`
+        // writes image `img` of the part's slice of Y.
+        let img_out = cout * d.h * d.w;
+        let per = part_len(
+            n,
+            kd.saturating_mul(so).saturating_mul(cin).saturating_mul(n) / 16,
+        );
+        let mut parts = Vec::with_capacity(n.div_ceil(per));
+        for (i, yp) in y.chunks_mut(per * img_out).enumerate() {
+            parts.push((
+                i * per,
+                yp,
+                try_vec(kd * so, 0f32, "ConvTranspose column buffer")?,
+            ));
         }
+        for_each_part(parts, &|(first, yp, mut col)| {
+            for img in 0..yp.len() / img_out {
+                let xi = &xs[(first + img) * cin * so..(first + img + 1) * cin * so];
+                match g.order {
+                    Order::Nchw => gemm.sgemm(true, false, kd, so, cin, 1.0, ws, xi, 0.0, &mut col),
+                    Order::Nhwc => {
+                        gemm.sgemm(false, false, so, kd, cin, 1.0, xi, ws, 0.0, &mut col)
+                    }
+                }
+                col2im(g, &d, &col, img, 0, yp);
+            }
+        });
         if let Some(b) = bias {
             let plane = d.h * d.w;
             for img in 0..n {
