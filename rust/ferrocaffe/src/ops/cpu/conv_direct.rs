@@ -582,3 +582,145 @@ fn store<const MB: usize>(
         q = 0;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The convolution by its definition, in f64, NCHW (x `[N, C, H, W]`, w `[M, C/G, kh, kw]`).
+    fn reference(g: &Geometry, d: &Dims, x: &[f32], w: &[f32], b: Option<&[f32]>) -> Vec<f64> {
+        let (cg, mg) = (d.c / d.group, d.m / d.group);
+        let mut y = vec![0f64; d.n * d.m * d.oh * d.ow];
+        for n in 0..d.n {
+            for m in 0..d.m {
+                let gi = m / mg;
+                for oy in 0..d.oh {
+                    for ox in 0..d.ow {
+                        let mut s = b.map_or(0.0, |b| f64::from(b[m]));
+                        for c in 0..cg {
+                            for i in 0..d.kh {
+                                for j in 0..d.kw {
+                                    let iy = (oy * g.stride[0] + i * g.dilation[0]) as isize
+                                        - g.pad[0] as isize;
+                                    let ix = (ox * g.stride[1] + j * g.dilation[1]) as isize
+                                        - g.pad[1] as isize;
+                                    if iy < 0 || ix < 0 || iy >= d.h as isize || ix >= d.w as isize
+                                    {
+                                        continue;
+                                    }
+                                    let xc = gi * cg + c;
+                                    let xv =
+                                        x[((n * d.c + xc) * d.h + iy as usize) * d.w + ix as usize];
+                                    let wv = w[((m * cg + c) * d.kh + i) * d.kw + j];
+                                    s += f64::from(xv) * f64::from(wv);
+                                }
+                            }
+                        }
+                        y[((n * d.m + m) * d.oh + oy) * d.ow + ox] = s;
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                let v = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;
+                (v % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// NCHW `[n, c, h, w]` as NHWC.
+    fn to_nhwc(v: &[f32], n: usize, c: usize, hw: usize) -> Vec<f32> {
+        let mut out = vec![0f32; v.len()];
+        for i in 0..n {
+            for ch in 0..c {
+                for p in 0..hw {
+                    out[(i * hw + p) * c + ch] = v[(i * c + ch) * hw + p];
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matches_the_definition_in_both_orders() {
+        // (n, c, h, w, m, group, (kh, kw), stride, pad (t, l, b, r), dilation)
+        let cases = [
+            (2, 3, 11, 13, 8, 1, (3, 3), [1, 1], [1, 1, 1, 1], [1, 1]),
+            (2, 8, 9, 9, 3, 1, (5, 5), [1, 1], [2, 2, 2, 2], [1, 1]),
+            (3, 2, 13, 17, 13, 1, (3, 5), [2, 3], [1, 2, 0, 1], [1, 1]),
+            (1, 3, 20, 19, 7, 1, (3, 3), [1, 2], [2, 2, 2, 2], [2, 2]),
+            (2, 12, 7, 7, 16, 2, (5, 5), [1, 1], [2, 2, 2, 2], [1, 1]),
+            (2, 6, 18, 18, 6, 6, (3, 3), [1, 1], [1, 1, 1, 1], [1, 1]),
+            (1, 1, 4, 40, 1, 1, (2, 2), [1, 1], [0, 0, 0, 0], [1, 1]),
+        ];
+        for (n, c, h, w, m, group, (kh, kw), stride, pad, dilation) in cases {
+            let oh = (h + pad[0] + pad[2] - (dilation[0] * (kh - 1) + 1)) / stride[0] + 1;
+            let ow = (w + pad[1] + pad[3] - (dilation[1] * (kw - 1) + 1)) / stride[1] + 1;
+            let d = Dims {
+                n,
+                c,
+                h,
+                w,
+                m,
+                kh,
+                kw,
+                oh,
+                ow,
+                group,
+            };
+            let x = values(n * c * h * w, 1);
+            let wt = values(m * (c / group) * kh * kw, 2);
+            let b = values(m, 3);
+            for relu in [false, true] {
+                let mut g = Geometry {
+                    kernel: [kh, kw],
+                    stride,
+                    pad,
+                    dilation,
+                    order: Order::Nchw,
+                    global: false,
+                };
+                let want = reference(&g, &d, &x, &wt, Some(&b));
+                let want: Vec<f64> = want
+                    .into_iter()
+                    .map(|v| if relu { v.max(0.0) } else { v })
+                    .collect();
+                let mut y = vec![f32::NAN; want.len()];
+                forward(&g, &d, &x, &wt, Some(&b), relu, &mut y).unwrap();
+                for (i, (a, e)) in y.iter().zip(&want).enumerate() {
+                    assert!(
+                        (f64::from(*a) - e).abs() < 1e-4,
+                        "NCHW case c{c} m{m} at {i}"
+                    );
+                }
+                g.order = Order::Nhwc;
+                let xh = to_nhwc(&x, n, c, h * w);
+                let wh = to_nhwc(&wt, m, c / group, kh * kw);
+                let mut yh = vec![f32::NAN; want.len()];
+                forward(&g, &d, &xh, &wh, Some(&b), relu, &mut yh).unwrap();
+                let wanth = to_nhwc(
+                    &want.iter().map(|&v| v as f32).collect::<Vec<_>>(),
+                    n,
+                    m,
+                    oh * ow,
+                );
+                for (i, (a, e)) in yh.iter().zip(&wanth).enumerate() {
+                    assert!((a - e).abs() < 1e-4, "NHWC case c{c} m{m} at {i}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn channel_blocks_stay_inside_groups() {
+        assert_eq!(channel_blocks(16, 1), vec![(0, 6), (6, 6), (12, 4)]);
+        assert_eq!(channel_blocks(11, 1), vec![(0, 6), (6, 3), (9, 2)]);
+        assert_eq!(channel_blocks(16, 2), vec![(0, 6), (6, 2), (8, 6), (14, 2)]);
+        assert_eq!(channel_blocks(4, 4), vec![(0, 1), (1, 1), (2, 1), (3, 1)]);
+    }
+}
