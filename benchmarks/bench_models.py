@@ -20,6 +20,9 @@ floor its convolutions' FLOPs would take at this machine's sgemm rate.
 (the Winograd rules), their runs interleaved (medians of ``--runs`` rounds, each net once per
 round), and prints the ratio of the two.
 
+``--ab-direct`` does the same with ``FERROCAFFE_DIRECT_CONV=0`` (few-channel convolutions on
+im2col + GEMM, or Winograd) and unset (their direct kernel).
+
 ``--ab-blocked`` does the same with ferrocaffe's blocked GEMM kernel switched off (the
 ``gemm`` crate runs the large products) and on, on one net.
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import json
 import math
 import sys
@@ -140,27 +144,28 @@ def time_net(name: str, runs: int, trials: int) -> float:
     return min(medians)
 
 
-def ab_winograd(case: dict, runs: int) -> tuple[float, float]:
-    """Medians of interleaved runs of the predict net without and with Winograd."""
+def ab_winograd(case: dict, runs: int, var: str = "FERROCAFFE_WINOGRAD") -> tuple[float, float]:
+    """Medians of interleaved runs of the predict net created with ``var=0`` (a kernel off)
+    and without it (on)."""
     import os
 
     pred = _load(case)
     names = []
-    old = os.environ.get("FERROCAFFE_WINOGRAD")
+    old = os.environ.get(var)
     for label, env in (("off", "0"), ("on", None)):
         if env is None:
-            os.environ.pop("FERROCAFFE_WINOGRAD", None)
+            os.environ.pop(var, None)
         else:
-            os.environ["FERROCAFFE_WINOGRAD"] = env
+            os.environ[var] = env
         net = caffe2_pb2.NetDef()
         net.CopyFrom(pred)
         net.name = f"{pred.name}_{label}"
         workspace.CreateNet(net, overwrite=True)
         names.append(net.name)
     if old is None:
-        os.environ.pop("FERROCAFFE_WINOGRAD", None)
+        os.environ.pop(var, None)
     else:
-        os.environ["FERROCAFFE_WINOGRAD"] = old
+        os.environ[var] = old
     times = {n: [] for n in names}
     for _ in range(3):
         for n in names:
@@ -264,6 +269,9 @@ def main() -> int:
     ap.add_argument("--train", action="store_true", help="ResNet block training step too")
     ap.add_argument("--ab-winograd", action="store_true", help="Winograd off/on, interleaved")
     ap.add_argument("--ab-blocked", action="store_true", help="blocked GEMM off/on, interleaved")
+    ap.add_argument(
+        "--ab-direct", action="store_true", help="few-channel direct conv off/on, interleaved"
+    )
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--trials", type=int, default=3)
     args = ap.parse_args()
@@ -272,12 +280,14 @@ def main() -> int:
     if args.models:
         wanted = args.models.split(",")
         cases = [c for c in cases if any(w in c["name"] for w in wanted)]
-    if args.ab_winograd or args.ab_blocked:
-        ab, (a_name, b_name) = (
-            (ab_winograd, ("im2col", "winograd"))
-            if args.ab_winograd
-            else (ab_blocked, ("gemm-crate", "blocked"))
-        )
+    if args.ab_winograd or args.ab_blocked or args.ab_direct:
+        if args.ab_winograd:
+            ab, (a_name, b_name) = ab_winograd, ("im2col", "winograd")
+        elif args.ab_direct:
+            ab = functools.partial(ab_winograd, var="FERROCAFFE_DIRECT_CONV")
+            a_name, b_name = "im2col", "direct"
+        else:
+            ab, (a_name, b_name) = ab_blocked, ("gemm-crate", "blocked")
         ratios = []
         for case in cases:
             off, on = ab(case, args.runs)
