@@ -378,7 +378,8 @@ macro_rules! with_neg_pow {
     };
 }
 
-/// `finish(unit, window sums, output unit)` of the LRN window sums.
+/// `finish(first unit, window sums, output)` of the LRN window sums: `output` (and the sums)
+/// are one NCHW plane, or a block of consecutive NHWC pixels.
 type Finish<'a> = dyn Fn(usize, &[f32], &mut [f32]) + Sync + 'a;
 
 /// Windows longer than this sum as a running sum (in f64) instead of term by term.
@@ -510,36 +511,56 @@ fn lrn_planes<const SQUARE: bool>(
     }
 }
 
-/// As [`lrn_planes`] for NHWC pixels `first..` of `c` channels: `padded` is scratch of
-/// `c + 2 pre` values, `sums` of `c`.
+/// Pixels per block of the NHWC window sums: about 256 values' worth.
+fn block_pixels(c: usize) -> usize {
+    (256 / c.max(1)).max(1)
+}
+
+/// As [`lrn_planes`] for NHWC pixels `first..` of `c` channels, a block of pixels at a time:
+/// `padded` is scratch of `block_pixels(c) * (c + 2 pre)` values (each pixel's `f(src)`
+/// between `2 pre` zeros, zero initially), `sums` of as many, `packed` of
+/// `block_pixels(c) * c`; `finish` gets a block's pixels at once.
 fn lrn_pixels<const SQUARE: bool>(
     src: &[f32],
     (c, pre): (usize, usize),
     first: usize,
     out: &mut [f32],
-    (padded, sums): (&mut [f32], &mut [f32]),
+    (padded, sums, packed): (&mut [f32], &mut [f32], &mut [f32]),
     finish: &Finish<'_>,
 ) {
     let running = 2 * pre + 1 > LRN_DIRECT_MAX;
-    for (k, op) in out.chunks_mut(c).enumerate() {
-        let px = first + k;
-        let xs = &src[px * c..(px + 1) * c];
-        for (p, &v) in padded[pre..pre + c].iter_mut().zip(xs) {
-            *p = if SQUARE { v * v } else { v };
-        }
-        if !running {
-            // Term by term in channel order (the zero padding adds nothing).
-            term_sums(padded, 2 * pre + 1, sums);
-        } else {
-            let mut a: f64 = padded[..2 * pre].iter().map(|&v| f64::from(v)).sum();
-            for (ch, s) in sums.iter_mut().enumerate() {
-                // Window of channel ch: padded[ch ..= ch + 2 pre].
-                a += f64::from(padded[ch + 2 * pre]);
-                *s = a as f32;
-                a -= f64::from(padded[ch]);
+    let stride = c + 2 * pre;
+    let block = block_pixels(c);
+    for (b, ob) in out.chunks_mut(block * c).enumerate() {
+        let px0 = first + b * block;
+        let count = ob.len() / c.max(1);
+        for (p, xs) in src[px0 * c..(px0 + count) * c].chunks_exact(c).enumerate() {
+            let row = &mut padded[p * stride + pre..p * stride + pre + c];
+            for (d, &v) in row.iter_mut().zip(xs) {
+                *d = if SQUARE { v * v } else { v };
             }
         }
-        finish(px, sums, op);
+        if !running {
+            // Term by term in channel order (the zeros between pixels add nothing): one sweep
+            // over the block, whose positions between pixels are not used.
+            let n = count * stride - 2 * pre;
+            term_sums(&padded[..count * stride], 2 * pre + 1, &mut sums[..n]);
+            for (p, dst) in packed[..count * c].chunks_exact_mut(c).enumerate() {
+                dst.copy_from_slice(&sums[p * stride..p * stride + c]);
+            }
+        } else {
+            for (p, dst) in packed[..count * c].chunks_exact_mut(c).enumerate() {
+                let pad = &padded[p * stride..(p + 1) * stride];
+                let mut a: f64 = pad[..2 * pre].iter().map(|&v| f64::from(v)).sum();
+                for (ch, s) in dst.iter_mut().enumerate() {
+                    // Window of channel ch: pad[ch ..= ch + 2 pre].
+                    a += f64::from(pad[ch + 2 * pre]);
+                    *s = a as f32;
+                    a -= f64::from(pad[ch]);
+                }
+            }
+        }
+        finish(px0, &packed[..count * c], ob);
     }
 }
 
@@ -559,8 +580,8 @@ impl Lrn {
         }
     }
 
-    /// Fills `out` (X's shape) with `finish(unit, window sums, out unit)` per plane (NCHW) or
-    /// pixel (NHWC), the sums over the channel window of `src^2` (`square`) or `src`.
+    /// Fills `out` (X's shape) with `finish(unit, window sums, output)` per plane (NCHW) or
+    /// block of pixels (NHWC), the sums over the channel window of `src^2` (`square`) or `src`.
     fn windows(
         &self,
         src: &[f32],
@@ -574,10 +595,13 @@ impl Lrn {
         let terms = (2 * pre + 1).min(LRN_DIRECT_MAX + 2);
         if self.nhwc {
             for_each_chunk(out, c, c.saturating_mul(terms + 4), &|first, part| {
-                // Scratch bounded by 3 C (C <= X's size).
-                let mut padded = vec![0f32; c + 2 * pre];
-                let mut sums = vec![0f32; c];
-                let io = (padded.as_mut_slice(), sums.as_mut_slice());
+                // Scratch of a block of pixels (about 256 values, plus 2 pre per pixel; pre
+                // <= C).
+                let len = block_pixels(c) * (c + 2 * pre);
+                let mut padded = vec![0f32; len];
+                let mut sums = vec![0f32; len];
+                let mut packed = vec![0f32; block_pixels(c) * c];
+                let io = (padded.as_mut_slice(), sums.as_mut_slice(), packed.as_mut_slice());
                 if square {
                     lrn_pixels::<true>(src, (c, pre), first, part, io, finish)
                 } else {
@@ -634,7 +658,7 @@ impl Lrn {
             let y = outs.tensor(0)?.ensure::<f32>(&dims);
             let beta = self.kind();
             self.windows(x, shape, true, y, &|u, sums, o| {
-                lrn_out(beta, (a, bias), &x[u * unit..(u + 1) * unit], sums, o)
+                lrn_out(beta, (a, bias), &x[u * unit..u * unit + o.len()], sums, o)
             });
         }
         if want_scale {
@@ -685,7 +709,7 @@ impl Lrn {
             let scale = scale.as_slice();
             let beta = self.kind();
             self.windows(&ratio, shape, false, &mut dx, &|u, sums, o| {
-                let r = u * unit..(u + 1) * unit;
+                let r = u * unit..u * unit + o.len();
                 let io = (&x[r.clone()], &dy[r.clone()], &scale[r]);
                 lrn_grad_out(beta, cache_ratio, io, sums, o)
             });
