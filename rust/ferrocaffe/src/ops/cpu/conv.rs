@@ -233,11 +233,15 @@ impl Conv {
             // No image, no output channel or no output pixel: an empty Y of the right shape.
             return Ok(());
         }
-        // Not the convolutions that run through NHWC: there the direct kernel gained only
-        // 1.0-1.2x, and the NHWC order of sums kept the corpus's style-transfer model (whose
-        // output sits at 0.7 of the tolerance) within Caffe2's recorded output, where the
-        // direct kernel's order took one value of 24576 past it.
-        if self.direct && !self.runs_through_nhwc(&d) && conv_direct::applies(&self.g, &d) {
+        // Not the convolutions that run through NHWC (unless `FERROCAFFE_DIRECT_CONV=2`):
+        // there the direct kernel measured 0.6-1.3x (squeezenet's and googlenet's 7x7 and 3x3
+        // layers, style transfer's strided ones), and the NHWC order of sums kept the corpus's
+        // style-transfer model (whose output sits at 0.7 of the tolerance) within Caffe2's
+        // recorded output, where the direct kernel's order took one value of 24576 past it.
+        if self.direct
+            && (!self.runs_through_nhwc(&d) || conv_direct::forced())
+            && conv_direct::applies(&self.g, &d)
+        {
             return conv_direct::forward(&self.g, &d, xs, ws, bias, self.relu, y);
         }
         if d.group == d.c && d.m == d.c {

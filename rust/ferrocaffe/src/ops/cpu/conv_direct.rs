@@ -71,7 +71,7 @@ pub(crate) fn enabled() -> bool {
 
 /// `FERROCAFFE_DIRECT_CONV=2`: every convolution with a kernel larger than 1x1 runs on the
 /// direct kernel (to measure it against the others).
-fn forced() -> bool {
+pub(crate) fn forced() -> bool {
     std::env::var("FERROCAFFE_DIRECT_CONV").is_ok_and(|v| v == "2")
 }
 

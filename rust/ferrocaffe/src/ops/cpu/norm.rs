@@ -601,7 +601,11 @@ impl Lrn {
                 let mut padded = vec![0f32; len];
                 let mut sums = vec![0f32; len];
                 let mut packed = vec![0f32; block_pixels(c) * c];
-                let io = (padded.as_mut_slice(), sums.as_mut_slice(), packed.as_mut_slice());
+                let io = (
+                    padded.as_mut_slice(),
+                    sums.as_mut_slice(),
+                    packed.as_mut_slice(),
+                );
                 if square {
                     lrn_pixels::<true>(src, (c, pre), first, part, io, finish)
                 } else {
