@@ -21,6 +21,7 @@
 
 use super::conv::Dims;
 use super::conv_args::{Geometry, Order};
+use super::par::SharedOut;
 use crate::blas::{for_each_part, part_len};
 use crate::error::{try_vec, Error, Result};
 
@@ -140,30 +141,18 @@ impl Layout {
             .and_then(|v| v.checked_add(self.wq + SEG))
             .ok_or_else(|| too_large(d))
     }
-
-    /// Image `img`'s phase planes into `out` (`image` floats): every float written. Each
-    /// input row is laid out once as a padded row in `row` (zeros, then its values from column
-    /// `pl`), whose columns `pc, pc + sw, ...` are then row `R` of phase plane `(pr, pc)`.
-    fn fill(
-        &self,
-        g: &Geometry,
-        d: &Dims,
-        x: &[f32],
-        img: usize,
-        out: &mut [f32],
-        row: &mut Vec<f32>,
-    ) {
-        fill(self, g, d, x, img, out, row);
-    }
 }
 
-/// [`Layout::fill`], compiled per SIMD level (the phase split of stride 2 vectorizes).
+/// Image `img`'s phase planes into `out` (`lay.image` floats): every float written. Each
+/// input row is laid out once as a padded row in `row` (zeros, then its values from column
+/// `pl`), whose columns `pc, pc + sw, ...` are then row `R` of phase plane `(pr, pc)`. Compiled
+/// per SIMD level (the split of stride 2 vectorizes).
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
     "x86_64+avx2+fma",
     "aarch64+neon"
 ))]
-fn fill(
+fn fill_phases(
     lay: &Layout,
     g: &Geometry,
     d: &Dims,
@@ -172,67 +161,71 @@ fn fill(
     out: &mut [f32],
     row: &mut Vec<f32>,
 ) {
-    {
-        let this = lay;
-        let (pt, pl) = (g.pad[0], g.pad[1]);
-        let (h, w, c) = (d.h, d.w, d.c);
-        let (sh, sw, wq) = (this.sh, this.sw, this.wq);
-        let image = &x[img * c * h * w..(img + 1) * c * h * w];
-        row.clear();
-        row.resize(wq * sw, 0.0);
-        // Input columns that land in the padded row (those past `wq * sw` are never read).
-        let cols = w.min((wq * sw).saturating_sub(pl));
-        let rows = this.plane / wq;
-        for (ch, planes) in out.chunks_exact_mut(this.plane * sh * sw).enumerate() {
-            for r in 0..rows {
-                for pr in 0..sh {
-                    let dst = |pc: usize| (pr * sw + pc) * this.plane + r * wq;
-                    // Padded row r * sh + pr is input row ih = that - pt, when inside.
-                    let Some(ih) = (r * sh + pr).checked_sub(pt).filter(|&ih| ih < h) else {
-                        for pc in 0..sw {
-                            planes[dst(pc)..dst(pc) + wq].fill(0.0);
-                        }
-                        continue;
-                    };
-                    let inside = &mut row[pl.min(wq * sw)..][..cols];
-                    match g.order {
-                        Order::Nchw => {
-                            inside.copy_from_slice(&image[(ch * h + ih) * w..][..cols]);
-                        }
-                        Order::Nhwc => {
-                            let src = &image[ih * w * c + ch..];
-                            for (v, px) in inside.iter_mut().zip(src.chunks(c)) {
-                                *v = px[0];
-                            }
+    let (pt, pl) = (g.pad[0], g.pad[1]);
+    let (h, w, c) = (d.h, d.w, d.c);
+    let (sh, sw, wq) = (lay.sh, lay.sw, lay.wq);
+    let image = &x[img * c * h * w..(img + 1) * c * h * w];
+    row.clear();
+    row.resize(wq * sw, 0.0);
+    // Input columns that land in the padded row (those past `wq * sw` are never read).
+    let cols = w.min((wq * sw).saturating_sub(pl));
+    let rows = lay.plane / wq;
+    for (ch, planes) in out.chunks_exact_mut(lay.plane * sh * sw).enumerate() {
+        for r in 0..rows {
+            for pr in 0..sh {
+                let dst = |pc: usize| (pr * sw + pc) * lay.plane + r * wq;
+                // Padded row r * sh + pr is input row ih = that - pt, when inside.
+                let Some(ih) = (r * sh + pr).checked_sub(pt).filter(|&ih| ih < h) else {
+                    for pc in 0..sw {
+                        planes[dst(pc)..dst(pc) + wq].fill(0.0);
+                    }
+                    continue;
+                };
+                let inside = &mut row[pl.min(wq * sw)..][..cols];
+                match g.order {
+                    Order::Nchw => {
+                        inside.copy_from_slice(&image[(ch * h + ih) * w..][..cols]);
+                    }
+                    Order::Nhwc => {
+                        let src = &image[ih * w * c + ch..];
+                        for (v, px) in inside.iter_mut().zip(src.chunks(c)) {
+                            *v = px[0];
                         }
                     }
-                    match sw {
-                        1 => planes[dst(0)..dst(0) + wq].copy_from_slice(row),
-                        2 => {
-                            let (p0, p1) = planes[dst(0)..dst(1) + wq].split_at_mut(this.plane);
-                            for ((a, b), pair) in p0[..wq]
-                                .iter_mut()
-                                .zip(&mut p1[..wq])
-                                .zip(row.chunks_exact(2))
-                            {
-                                *a = pair[0];
-                                *b = pair[1];
-                            }
+                }
+                match sw {
+                    1 => planes[dst(0)..dst(0) + wq].copy_from_slice(row),
+                    2 => {
+                        let (p0, p1) = planes[dst(0)..dst(1) + wq].split_at_mut(lay.plane);
+                        for ((a, b), pair) in p0[..wq]
+                            .iter_mut()
+                            .zip(&mut p1[..wq])
+                            .zip(row.chunks_exact(2))
+                        {
+                            *a = pair[0];
+                            *b = pair[1];
                         }
-                        _ => {
-                            for pc in 0..sw {
-                                let o = dst(pc);
-                                for (v, grp) in
-                                    planes[o..o + wq].iter_mut().zip(row.chunks_exact(sw))
-                                {
-                                    *v = grp[pc];
-                                }
+                    }
+                    _ => {
+                        for pc in 0..sw {
+                            let o = dst(pc);
+                            for (v, grp) in planes[o..o + wq].iter_mut().zip(row.chunks_exact(sw)) {
+                                *v = grp[pc];
                             }
                         }
                     }
                 }
             }
         }
+    }
+}
+
+#[inline(always)]
+fn relu(v: f32) -> f32 {
+    if v > 0.0 {
+        v
+    } else {
+        0.0
     }
 }
 
@@ -353,7 +346,7 @@ fn run_with(
     for_each_part(parts, &|(first, planes)| {
         let mut row = Vec::new();
         for (k, img) in planes.chunks_exact_mut(lay.image).enumerate() {
-            lay.fill(g, d, x, first + k, img, &mut row);
+            fill_phases(lay, g, d, x, first + k, img, &mut row);
         }
     });
     let blocks = channel_blocks(d.m, d.group);
@@ -375,10 +368,9 @@ fn run_with(
         .saturating_mul(lay.len)
         .saturating_mul(d.n);
     let per = part_len(units, macs / 16);
-    let ys = &Out {
-        ptr: y.as_mut_ptr(),
-        len: y.len(),
-    };
+    // SAFETY: every output pixel belongs to one unit, and every unit to one part, which one
+    // thread runs; a unit writes its own pixels (all their channels) only.
+    let ys = &unsafe { SharedOut::new(y) };
     let ranges: Vec<(usize, usize)> = (0..units)
         .step_by(per)
         .map(|a| (a, (a + per).min(units)))
@@ -394,42 +386,6 @@ fn run_with(
         }
     });
     Ok(())
-}
-
-/// Y, written by several threads: each part writes the output pixels of its own units (all
-/// their channels), which in NCHW are not one slice.
-struct Out {
-    ptr: *mut f32,
-    len: usize,
-}
-
-// SAFETY: every output pixel belongs to one unit, and every unit to one part, which one thread
-// runs: the threads write disjoint elements, and Y outlives the parts (`for_each_part` returns
-// after all of them).
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// Writes `vals` (plus `bias`, then Relu when `relu`) at `at..at + vals.len()`, which the
-    /// output geometry keeps inside Y (a run that would pass its end is dropped).
-    #[inline(always)]
-    fn run(&self, at: usize, vals: &[f32], bias: Option<f32>, relu: bool) {
-        if at.checked_add(vals.len()).is_none_or(|e| e > self.len) {
-            return;
-        }
-        // SAFETY: in bounds (above); no other thread writes these elements (see the Sync
-        // impl), and nothing reads them while the parts run.
-        let out = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), vals.len()) };
-        let b = bias.unwrap_or(0.0);
-        match (bias.is_some(), relu) {
-            (false, false) => out.copy_from_slice(vals),
-            (true, false) => out.iter_mut().zip(vals).for_each(|(o, &v)| *o = v + b),
-            (has_bias, true) => out.iter_mut().zip(vals).for_each(|(o, &v)| {
-                let v = if has_bias { v + b } else { v };
-                *o = if v > 0.0 { v } else { 0.0 };
-            }),
-        }
-    }
 }
 
 struct Kernel<'a> {
@@ -451,7 +407,7 @@ struct Kernel<'a> {
     "x86_64+avx2+fma",
     "aarch64+neon"
 ))]
-fn run<'a>(k: &Kernel<'a>, img: usize, p0: usize, p1: usize, y: &Out) {
+fn run<'a, 'y>(k: &Kernel<'a>, img: usize, p0: usize, p1: usize, y: &SharedOut<'y>) {
     // Fused multiply-adds where the target has them (aarch64 always does); plain multiply and
     // add in the baseline x86-64 version, where `mul_add` would be a library call.
     let fma = cfg!(target_arch = "aarch64")
@@ -467,7 +423,7 @@ fn run<'a>(k: &Kernel<'a>, img: usize, p0: usize, p1: usize, y: &Out) {
 /// keeps `MB * NV` accumulator vectors, the run's `NV` input vectors and a broadcast weight in
 /// registers (15 or fewer of AVX2's 16).
 #[inline(always)]
-fn blocks<const FMA: bool>(k: &Kernel<'_>, img: usize, p0: usize, p1: usize, y: &Out) {
+fn blocks<const FMA: bool>(k: &Kernel<'_>, img: usize, p0: usize, p1: usize, y: &SharedOut<'_>) {
     let d = k.d;
     // Each block reads the taps of its group's input channels.
     let taps = d.c / d.group * d.kh * d.kw;
@@ -498,7 +454,7 @@ fn runs<const MB: usize, const NV: usize, const FMA: bool>(
     m0: usize,
     taps: &[usize],
     wb: &[f32],
-    y: &Out,
+    y: &SharedOut<'_>,
 ) {
     let base = img * k.lay.image;
     let mut p = p0;
@@ -540,7 +496,7 @@ fn store<const MB: usize>(
     n: usize,
     m0: usize,
     vals: &[&[f32]; MB],
-    y: &Out,
+    y: &SharedOut<'_>,
 ) {
     let d = k.d;
     let (wq, so) = (k.lay.wq, d.oh * d.ow);
@@ -556,7 +512,14 @@ fn store<const MB: usize>(
                 for (mb, v) in vals.iter().enumerate() {
                     let m = m0 + mb;
                     let at = (img * d.m + m) * so + pix;
-                    y.run(at, &v[i..i + valid], k.bias.map(|b| b[m]), k.relu);
+                    let v = &v[i..i + valid];
+                    let bias = k.bias.map_or(0.0, |b| b[m]);
+                    match (k.bias.is_some(), k.relu) {
+                        (false, false) => y.write_with(at, v, |x| x),
+                        (true, false) => y.write_with(at, v, |x| x + bias),
+                        (false, true) => y.write_with(at, v, relu),
+                        (true, true) => y.write_with(at, v, |x| relu(x + bias)),
+                    }
                 }
             }
             Order::Nhwc => {
@@ -568,12 +531,9 @@ fn store<const MB: usize>(
                         if let Some(b) = bias {
                             v += b[mb];
                         }
-                        if k.relu {
-                            v = if v > 0.0 { v } else { 0.0 };
-                        }
-                        *o = v;
+                        *o = if k.relu { relu(v) } else { v };
                     }
-                    y.run((img * so + pix + e) * d.m + m0, &px, None, false);
+                    y.write_with((img * so + pix + e) * d.m + m0, &px, |x| x);
                 }
             }
         }

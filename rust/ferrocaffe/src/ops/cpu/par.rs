@@ -139,3 +139,52 @@ pub(crate) fn dot_sum_f64(a: &[f32], b: &[f32]) -> (f64, f64) {
     }
     (p, q)
 }
+
+/// An output written by several threads at once, each at places no other writes: for kernels
+/// whose parts' outputs are not one slice each (a Winograd tile's pixels, a run of pixels of
+/// every NCHW channel), which `chunks_mut` cannot hand out.
+pub(crate) struct SharedOut<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _out: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: the creator of a SharedOut promises (see `new`) that no element is written by two
+// threads, and the borrow keeps the slice alive and otherwise untouched while it is shared.
+unsafe impl Send for SharedOut<'_> {}
+unsafe impl Sync for SharedOut<'_> {}
+
+impl<'a> SharedOut<'a> {
+    /// # Safety
+    /// Until it is dropped, no element may be written through two of the threads that use it
+    /// (its parts write disjoint elements).
+    pub(crate) unsafe fn new(out: &'a mut [f32]) -> Self {
+        SharedOut {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+            _out: std::marker::PhantomData,
+        }
+    }
+
+    /// `out[at + i] = f(vals[i])` for every `i`; nothing when that passes the end (which the
+    /// callers' geometry rules out).
+    #[inline(always)]
+    pub(crate) fn write_with(&self, at: usize, vals: &[f32], f: impl Fn(f32) -> f32) {
+        if at.checked_add(vals.len()).is_none_or(|e| e > self.len) {
+            debug_assert!(false, "shared output written past its end");
+            return;
+        }
+        // SAFETY: in bounds (above); no other thread writes these elements (the promise of
+        // `new`), and nothing reads them while the parts run.
+        let out = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), vals.len()) };
+        for (o, &v) in out.iter_mut().zip(vals) {
+            *o = f(v);
+        }
+    }
+
+    /// `out[i] = v` (see [`SharedOut::write_with`]).
+    #[inline(always)]
+    pub(crate) fn set(&self, i: usize, v: f32) {
+        self.write_with(i, &[v], |x| x);
+    }
+}

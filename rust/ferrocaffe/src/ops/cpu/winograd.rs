@@ -34,6 +34,7 @@ use std::sync::Arc;
 
 use super::conv::Dims;
 use super::conv_args::{Geometry, Order};
+use super::par::SharedOut;
 use crate::blas::{for_each_part, GemmContext};
 use crate::error::{try_vec, Error, Result};
 use crate::tensor::{Snapshot, Tensor};
@@ -135,28 +136,6 @@ fn auto(order: Order, d: &Dims) -> Option<Tile> {
         return None;
     }
     Some(Tile::F4)
-}
-
-/// The output of a convolution, written tile by tile from several threads.
-struct Out {
-    ptr: *mut f32,
-    len: usize,
-}
-
-// SAFETY: every output element belongs to exactly one tile, and every tile to one block, which
-// one thread processes; the threads write disjoint elements, and the slice outlives the
-// parts (`for_each_part` returns after all of them).
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// Writes `v` at `i` (which the tile geometry keeps below `len`; checked all the same).
-    #[inline(always)]
-    fn set(&self, i: usize, v: f32) {
-        assert!(i < self.len, "winograd output index out of range");
-        // SAFETY: in bounds (above); no other thread writes element i (see the Sync impl).
-        unsafe { *self.ptr.add(i) = v };
-    }
 }
 
 /// One convolution's operands and sizes.
@@ -272,10 +251,9 @@ fn run<T: Transform>(p: &Problem<'_>, y: &mut [f32]) -> Result<()> {
             try_vec(m_len, 0f32, "the Winograd products")?,
         ));
     }
-    let out = Out {
-        ptr: y.as_mut_ptr(),
-        len: y.len(),
-    };
+    // SAFETY: every output element belongs to exactly one tile, and every tile to one block,
+    // which one thread processes: the threads write disjoint elements.
+    let out = unsafe { SharedOut::new(y) };
     let next = AtomicUsize::new(0);
     let geo = TileGeo {
         th,
@@ -375,7 +353,7 @@ fn block<T: Transform>(
     cnt: usize,
     v: &mut [f32],
     mm: &mut [f32],
-    out: &Out,
+    out: &SharedOut<'_>,
 ) {
     #[cfg(target_arch = "x86_64")]
     if geo.avx2 {
@@ -397,7 +375,7 @@ unsafe fn block_avx2<T: Transform>(
     cnt: usize,
     v: &mut [f32],
     mm: &mut [f32],
-    out: &Out,
+    out: &SharedOut<'_>,
 ) {
     block_body::<T>(p, geo, u, t0, cnt, v, mm, out);
 }
@@ -412,7 +390,7 @@ fn block_body<T: Transform>(
     cnt: usize,
     v: &mut [f32],
     mm: &mut [f32],
-    out: &Out,
+    out: &SharedOut<'_>,
 ) {
     let d = &p.d;
     let (m, a) = (T::M, T::A);
