@@ -4,7 +4,7 @@
 //!
 //! NHWC works a pixel at a time with the channels innermost, up to 32 of them accumulated in
 //! registers over all taps, against the filters laid out tap-major once per call (compiled per
-//! SIMD level). NCHW planes at least [`WIDE`] wide, at column stride 1, work a plane at a
+//! SIMD level). NCHW planes at least `WIDE` (16) wide, at column stride 1, work a plane at a
 //! time: for each tap, whole output rows get `w * input row` added, over the output columns
 //! whose input lies inside the image (`valid_range`), so the inner loop vectorizes. The other
 //! NCHW planes (a row of 8 gives no vector; a strided row no contiguous one) are transposed to
@@ -13,6 +13,10 @@
 //! on planes 16 or more wide. Every output is `bias + sum over taps in (kh, kw) order` on
 //! every path. Planes or channel groups (NCHW) and output rows (NHWC) are shared out to the
 //! team of compute threads.
+//!
+//! NCHW at stride 1 on rows of 16 or more goes to the few-channel direct kernel instead
+//! (`conv_direct`, 1.2-3x faster there) unless `FERROCAFFE_DIRECT_CONV=0`; the plane-at-a-time
+//! loop then serves stride `(>1, 1)` only.
 
 use super::conv::Dims;
 use super::conv_args::{Geometry, Order};

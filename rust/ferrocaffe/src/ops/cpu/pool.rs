@@ -2,7 +2,7 @@
 //! `global_pooling`, NCHW or NHWC, and their gradients (inputs X, Y, dY).
 //!
 //! The windows along each axis are computed once per call (`axis_windows`). The forward
-//! kernels are in [`super::pool_fwd`] (vectorized per SIMD level); the gradients run here,
+//! kernels are in `pool_fwd` (vectorized per SIMD level); the gradients run here,
 //! NCHW one (image, channel) plane at a time, NHWC one output pixel at a time with the
 //! channels innermost. Parts of the output run in parallel (forward: planes or output rows;
 //! gradients: planes or images).
