@@ -6,9 +6,9 @@
 
 Each case is one op in a created net, run ``--reps`` times per ``RunNet`` call; its time is the
 best of ``--trials`` such calls, in microseconds per run. The cases are the pooling, LRN,
-layout, upsampling, InstanceNorm, depthwise-convolution and few-channel convolution shapes of
-``tests/golden/models`` (those ops were a third of some models' time before their kernels
-were vectorized).
+layout, upsampling, InstanceNorm, Softmax, ConvTranspose, depthwise-convolution and
+few-channel convolution shapes of ``tests/golden/models`` (those ops were a third of some
+models' time before their kernels were vectorized).
 
 ``--against DIR`` compares with another build of the package: ``DIR`` is a directory holding
 a ``ferrocaffe`` package (a copy of ``python/ferrocaffe`` with that build's
@@ -151,6 +151,15 @@ CASES = [
         "Conv",
         [(8, 16, 16, 32), (32, 3, 3, 1)],
         {"kernel": 3, "stride": 1, "pad": 1, "group": 32, "order": "NHWC"},
+    ),
+    ("softmax", "Softmax 8x64", "Softmax", [(8, 64)], {}),
+    ("softmax", "Softmax 6x8x40 axis 2", "Softmax", [(6, 8, 40)], {"axis": 2}),
+    (
+        "convtranspose",
+        "ConvTranspose NCHW 8x32x8x8 4x4 s2 to 16",
+        "ConvTranspose",
+        [(8, 32, 8, 8), (32, 16, 4, 4), (16,)],
+        {"kernel": 4, "stride": 2, "pad": 1},
     ),
     (
         "conv",
