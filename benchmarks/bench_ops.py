@@ -156,7 +156,7 @@ CASES = [
     ("softmax", "Softmax 6x8x40 axis 2", "Softmax", [(6, 8, 40)], {"axis": 2}),
     (
         "convtranspose",
-        "ConvTranspose NCHW 8x32x8x8 4x4 s2 to 16",
+        "ConvTranspose 8x32x8x8 4x4 s2 to 16",
         "ConvTranspose",
         [(8, 32, 8, 8), (32, 16, 4, 4), (16,)],
         {"kernel": 4, "stride": 2, "pad": 1},
