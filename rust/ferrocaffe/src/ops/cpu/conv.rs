@@ -169,9 +169,9 @@ struct Conv {
     relu: bool,
     /// Whether 3x3 filters run on the Winograd path (`FERROCAFFE_WINOGRAD` at creation).
     winograd: Mode,
-    /// Whether few-channel convolutions run on the direct kernel (`FERROCAFFE_DIRECT_CONV` at
+    /// Which convolutions run on the few-channel direct kernel (`FERROCAFFE_DIRECT_CONV` at
     /// creation).
-    direct: bool,
+    direct: conv_direct::Mode,
     /// The Winograd transform of the filters, kept between runs while they are unchanged.
     filters: winograd::FilterCache,
 }
@@ -238,9 +238,8 @@ impl Conv {
         // layers, style transfer's strided ones), and the NHWC order of sums kept the corpus's
         // style-transfer model (whose output sits at 0.7 of the tolerance) within Caffe2's
         // recorded output, where the direct kernel's order took one value of 24576 past it.
-        if self.direct
-            && (!self.runs_through_nhwc(&d) || conv_direct::forced())
-            && conv_direct::applies(&self.g, &d)
+        if (!self.runs_through_nhwc(&d) || self.direct == conv_direct::Mode::Force)
+            && conv_direct::applies(self.direct, &self.g, &d)
         {
             return conv_direct::forward(&self.g, &d, xs, ws, bias, self.relu, y);
         }
@@ -674,7 +673,7 @@ fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
             no_bias,
             relu: false,
             winograd: Mode::from_env(),
-            direct: conv_direct::enabled(),
+            direct: conv_direct::Mode::from_env(),
             filters: Default::default(),
         }))
     } else {

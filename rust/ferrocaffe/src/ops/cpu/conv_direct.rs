@@ -42,13 +42,13 @@ const LANES: usize = 8;
 /// discarded columns.
 ///
 /// Depthwise convolutions (one channel per group) only in NCHW at stride 1 with rows of 16 or
-/// more: 1.2-3x faster than the depthwise kernel's plane-at-a-time loop there, but 2-3x slower
+/// more: 1.2-3x faster than the depthwise kernel's plane-at-a-time loop there, but 2-6x slower
 /// than its NHWC kernels on short rows, at stride 2 or in NHWC.
-pub(crate) fn applies(g: &Geometry, d: &Dims) -> bool {
-    if d.kh * d.kw < 2 {
+pub(crate) fn applies(mode: Mode, g: &Geometry, d: &Dims) -> bool {
+    if d.kh * d.kw < 2 || mode == Mode::Off {
         return false;
     }
-    if forced() {
+    if mode == Mode::Force {
         return true;
     }
     if d.group == d.c && d.m == d.c && d.group > 1 {
@@ -64,16 +64,25 @@ pub(crate) fn applies(g: &Geometry, d: &Dims) -> bool {
     few && !rows_win
 }
 
-/// Whether the kernel is on: unless `FERROCAFFE_DIRECT_CONV=0` (im2col + GEMM instead, to
-/// compare), read when an op is created.
-pub(crate) fn enabled() -> bool {
-    std::env::var("FERROCAFFE_DIRECT_CONV").map_or(true, |v| v != "0")
+/// Which convolutions the kernel takes, from `FERROCAFFE_DIRECT_CONV` when an op is created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// `0`: none (im2col + GEMM or Winograd instead, to compare).
+    Off,
+    /// Unset (or any other value): those [`applies`] picks.
+    Auto,
+    /// `2`: every convolution with a kernel larger than 1x1 (to measure it against the others).
+    Force,
 }
 
-/// `FERROCAFFE_DIRECT_CONV=2`: every convolution with a kernel larger than 1x1 runs on the
-/// direct kernel (to measure it against the others).
-pub(crate) fn forced() -> bool {
-    std::env::var("FERROCAFFE_DIRECT_CONV").is_ok_and(|v| v == "2")
+impl Mode {
+    pub(crate) fn from_env() -> Mode {
+        match std::env::var("FERROCAFFE_DIRECT_CONV").as_deref() {
+            Ok("0") => Mode::Off,
+            Ok("2") => Mode::Force,
+            _ => Mode::Auto,
+        }
+    }
 }
 
 /// Where the phase planes of one image lie, and which run each tap reads.
