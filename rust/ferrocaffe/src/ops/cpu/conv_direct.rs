@@ -21,7 +21,8 @@
 
 use super::conv::Dims;
 use super::conv_args::{Geometry, Order};
-use super::par::SharedOut;
+use super::depthwise;
+use super::par::{macs_part_len, SharedOut};
 use crate::blas::{for_each_part, part_len};
 use crate::error::{try_vec, Error, Result};
 
@@ -52,7 +53,7 @@ pub(crate) fn applies(mode: Mode, g: &Geometry, d: &Dims) -> bool {
         return true;
     }
     if d.group == d.c && d.m == d.c && d.group > 1 {
-        return g.order == Order::Nchw && g.stride == [1, 1] && d.ow >= 16;
+        return g.order == Order::Nchw && g.stride == [1, 1] && d.ow >= depthwise::WIDE;
     }
     let (cg, mg) = (d.c / d.group, d.m / d.group);
     let few = cg <= 4 || mg <= 8 || (cg <= 16 && mg <= 16);
@@ -376,7 +377,7 @@ fn run_with(
     let macs = (d.m * (d.c / d.group) * d.kh * d.kw)
         .saturating_mul(lay.len)
         .saturating_mul(d.n);
-    let per = part_len(units, macs / 16);
+    let per = macs_part_len(units, macs);
     // SAFETY: every output pixel belongs to one unit, and every unit to one part, which one
     // thread runs; a unit writes its own pixels (all their channels) only.
     let ys = &unsafe { SharedOut::new(y) };

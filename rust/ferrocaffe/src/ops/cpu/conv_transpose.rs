@@ -8,7 +8,8 @@
 
 use super::conv::{col2im, im2col, Dims};
 use super::conv_args::{self, Geometry, Order};
-use crate::blas::{for_each_part, part_len};
+use super::par::macs_part_len;
+use crate::blas::for_each_part;
 use crate::error::{try_vec, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
@@ -106,10 +107,8 @@ impl ConvTranspose {
         // buffer each (the products inside a part then run on its thread alone); `col2im`
         // writes image `img` of the part's slice of Y.
         let img_out = cout * d.h * d.w;
-        let per = part_len(
-            n,
-            kd.saturating_mul(so).saturating_mul(cin).saturating_mul(n) / 16,
-        );
+        let macs = kd.saturating_mul(so).saturating_mul(cin).saturating_mul(n);
+        let per = macs_part_len(n, macs);
         let mut parts = Vec::with_capacity(n.div_ceil(per));
         for (i, yp) in y.chunks_mut(per * img_out).enumerate() {
             parts.push((

@@ -27,7 +27,7 @@ use crate::error::{try_vec, Result};
 
 /// NCHW planes at least this wide, at column stride 1, run a plane at a time; the others
 /// through NHWC.
-const WIDE: usize = 16;
+pub(crate) const WIDE: usize = 16;
 
 /// `[kh * kw, C]` (tap-major: a tap's channels side by side) from W's `[C, kh, kw, 1]`.
 fn tap_major(w: &[f32], kk: usize, c: usize) -> Result<Vec<f32>> {

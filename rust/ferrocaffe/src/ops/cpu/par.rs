@@ -28,6 +28,17 @@ pub(crate) fn for_each_chunk<T: Send>(
     for_each_part(parts, &|(first, chunk)| f(first, chunk));
 }
 
+/// Multiply-adds a core does in the time it moves one value of element-wise work (16: two
+/// 8-lane fused multiply-adds a cycle against a load and a store).
+const MACS_PER_VALUE: usize = 16;
+
+/// How many of `items` go in each part of compute-bound work of `macs` multiply-adds in all:
+/// [`part_len`] with the work counted in element-wise values, so a convolution takes as many
+/// threads as an element-wise op that runs as long.
+pub(crate) fn macs_part_len(items: usize, macs: usize) -> usize {
+    part_len(items, macs / MACS_PER_VALUE)
+}
+
 /// How many NCHW planes each part takes when planes are transposed to NHWC and back: whole
 /// groups of 8 (a vector of channels) where the planes allow.
 pub(crate) fn planes_per_part(planes: usize, work: usize) -> usize {
