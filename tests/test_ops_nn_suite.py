@@ -23,6 +23,15 @@ def run(op_type, inputs, outputs, **kw):
     return [workspace.FetchBlob(o) for o in outputs]
 
 
+def run_conv_in(order, x, wt, b, **args):
+    """Conv of NCHW ``x`` and ``wt`` (and bias ``b`` unless None) run in ``order`` (inputs
+    converted to it), its output returned as NCHW."""
+    xi, wi = (x, wt) if order == "NCHW" else (utils.NCHW2NHWC(x), utils.NCHW2NHWC(wt))
+    ins = [np.ascontiguousarray(xi), np.ascontiguousarray(wi)] + ([] if b is None else [b])
+    (y,) = run("Conv", ins, ["Y"], order=order, **args)
+    return utils.NHWC2NCHW(y) if order == "NHWC" else y
+
+
 def ref_conv_nd(x, w, b, stride, pads, dil, group):
     """NCHW x [N, C, *S], w [M, C/G, *K] in float64."""
     nd = x.ndim - 2
@@ -587,11 +596,9 @@ def test_depthwise_conv_matches_the_reference_on_every_kernel(case, order, bias)
     wt = rng.standard_normal((c, 1, k, k)).astype(f32)
     b = rng.standard_normal(c).astype(f32)
     want = ref_conv_nd(x, wt, b if bias else None, [s] * 2, [p] * 4, [d] * 2, c)
-    xi, wi = (x, wt) if order == "NCHW" else (utils.NCHW2NHWC(x), utils.NCHW2NHWC(wt))
-    ins = [np.ascontiguousarray(xi), np.ascontiguousarray(wi)] + ([b] if bias else [])
-    (y,) = run("Conv", ins, ["Y"], kernel=k, stride=s, pad=p, dilation=d, group=c, order=order)
-    if order == "NHWC":
-        y = utils.NHWC2NCHW(y)
+    y = run_conv_in(
+        order, x, wt, b if bias else None, kernel=k, stride=s, pad=p, dilation=d, group=c
+    )
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
 
 
@@ -724,11 +731,7 @@ def test_few_channel_grouped_conv_matches_the_reference(case, order, bias):
     wt = rng.standard_normal((m, c // group, k, k)).astype(f32)
     b = rng.standard_normal(m).astype(f32)
     want = ref_conv_nd(x, wt, b if bias else None, [s] * 2, [p] * 4, [1, 1], group)
-    xi, wi = (x, wt) if order == "NCHW" else (utils.NCHW2NHWC(x), utils.NCHW2NHWC(wt))
-    ins = [np.ascontiguousarray(xi), np.ascontiguousarray(wi)] + ([b] if bias else [])
-    (y,) = run("Conv", ins, ["Y"], kernel=k, stride=s, pad=p, group=group, order=order)
-    if order == "NHWC":
-        y = utils.NHWC2NCHW(y)
+    y = run_conv_in(order, x, wt, b if bias else None, kernel=k, stride=s, pad=p, group=group)
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
 
 
