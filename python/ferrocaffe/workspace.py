@@ -133,6 +133,8 @@ def StringifyBlobName(name):
 
 
 def StringifyNetName(name):
+    if type(name) is str:
+        return name
     if hasattr(name, "Name") and callable(name.Name):
         return name.Name()
     if isinstance(name, caffe2_pb2.NetDef):
@@ -473,9 +475,18 @@ def Nets():
 
 def RunNet(name, num_iter=1, allow_fail=False):
     """Runs a created net ``num_iter`` times. Returns True (False on failure with allow_fail)."""
+    # The common call (a name, one iteration, no bound torch tensors) goes straight to the
+    # native run: serving loops call this for nets that run in a few microseconds.
+    if type(name) is not str:
+        name = StringifyNetName(name)
+    if type(num_iter) is not int:
+        num_iter = int(num_iter)
+    ws = _workspaces[_current]
     try:
-        ws = _ws()
-        _run(ws, ws.run_net, StringifyNetName(name), int(num_iter))
+        if _torch_bound:
+            _run(ws, ws.run_net, name, num_iter)
+        else:
+            ws.run_net(name, num_iter)
     except RuntimeError:
         if allow_fail:
             return False
