@@ -276,6 +276,43 @@ def test_softmax_matches_float64_on_every_row_length(shape):
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("d", [1, 3, 7, 8, 9, 15, 16, 17])
+def test_softmax_rows_get_the_same_bits_alone_and_in_a_batch(d):
+    # Short rows go 8 at a time (one per vector lane), the rest of the batch one row at a
+    # time: 19 rows give two groups and three single rows. Each row's values must not depend
+    # on which way it went, and must match float64.
+    x = (RNG.standard_normal((19, d)) * 20).astype(np.float32)
+    x[4, 0] = -np.inf  # a row of only -inf (d = 1) gives NaN, as in numpy
+    (y,) = run("Softmax", {"X": x}, ["Y"])
+    for i in range(len(x)):
+        (alone,) = run("Softmax", {"X": x[i : i + 1]}, ["Y"])
+        np.testing.assert_array_equal(y[i], alone[0], err_msg=f"row {i}")
+    z = x.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        want = np.exp(z - z.max(axis=1, keepdims=True))
+    with np.errstate(invalid="ignore"):
+        want = want / want.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-7)
+    assert y[4, 0] == 0.0 if d > 1 else np.isnan(y[4, 0])
+
+
+def test_sigmoid_float32_matches_float64_in_place_too():
+    x = np.concatenate(
+        [
+            (RNG.standard_normal(61) * 8).astype(np.float32),
+            np.array([0.0, -0.0, 88.0, -88.0, 100.0, -100.0, np.inf, -np.inf], np.float32),
+        ]
+    )
+    want = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+    (y,) = run("Sigmoid", {"X": x}, ["Y"])
+    assert y.dtype == np.float32
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-30)
+    (z,) = run("Sigmoid", {"Y": x}, ["Y"])
+    np.testing.assert_array_equal(z, y)
+    (n,) = run("Sigmoid", {"X": np.array([np.nan, 1.0], np.float32)}, ["Y"])
+    assert np.isnan(n[0]) and abs(n[1] - 1.0 / (1.0 + np.exp(-1.0))) < 1e-7
+
+
 def test_softmax_of_minus_infinity_is_zero_and_nan_propagates():
     x = np.array([[0.0, -np.inf, 1.0, -200.0], [np.nan, 0.0, 1.0, 2.0]], np.float32)
     (y,) = run("Softmax", {"X": x}, ["Y"])

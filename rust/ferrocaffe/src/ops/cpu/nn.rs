@@ -68,42 +68,137 @@ const LANES: usize = 8;
 /// over the sum of the row's values taken in 8 interleaved partial sums. Compiled per SIMD
 /// level: the rows vectorize, where `f32::exp` is a library call per value (a 64-value row
 /// took 3.5 us).
+///
+/// Rows of at most [`SHORT`] values (a batch of class scores) go [`LANES`] at a time with
+/// one row per lane: along a row of 8 the work is a chain of dependent steps in one vector
+/// (the max, the exponential's polynomial, the sum), about 100 cycles a row; across rows the
+/// lanes are independent. Both ways compute the same steps in the same order, so a row gets
+/// the same bits whichever way it goes.
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
     "x86_64+avx2+fma",
     "aarch64+neon"
 ))]
 fn softmax_rows(x: &[f32], y: &mut [f32], d: usize) {
-    for (xr, yr) in x.chunks(d.max(1)).zip(y.chunks_mut(d.max(1))) {
-        // The largest value (NaNs skipped, as f32::max does), lane by lane.
-        let mut lanes = [f32::NEG_INFINITY; LANES];
-        let mut vals = xr.chunks_exact(LANES);
-        for c in &mut vals {
-            for (l, &v) in lanes.iter_mut().zip(c) {
-                *l = if v > *l { v } else { *l };
+    let d = d.max(1);
+    let mut done = 0;
+    if d <= SHORT {
+        let group = LANES * d;
+        for (xg, yg) in x.chunks_exact(group).zip(y.chunks_exact_mut(group)) {
+            softmax_group(xg, yg, d);
+        }
+        done = x.len() / group * group;
+    }
+    for (xr, yr) in x[done..].chunks(d).zip(y[done..].chunks_mut(d)) {
+        softmax_row(xr, yr);
+    }
+}
+
+/// The longest rows [`softmax_rows`] takes [`LANES`] at a time.
+const SHORT: usize = 2 * LANES;
+
+/// `e^(v - m)`, 0 below `e^-87`.
+#[inline(always)]
+fn exp_shifted(v: f32, m: f32) -> f32 {
+    let t = v - m;
+    let e = super::rnn_units::exp(t);
+    if t < -87.0 {
+        0.0
+    } else {
+        e
+    }
+}
+
+/// One row of [`softmax_rows`].
+#[inline(always)]
+fn softmax_row(xr: &[f32], yr: &mut [f32]) {
+    // The largest value (NaNs skipped, as f32::max does), lane by lane.
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut vals = xr.chunks_exact(LANES);
+    for c in &mut vals {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l = if v > *l { v } else { *l };
+        }
+    }
+    let m = vals
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    for (o, &v) in yr.iter_mut().zip(xr) {
+        *o = exp_shifted(v, m);
+    }
+    let mut sums = [0f32; LANES];
+    let mut outs = yr.chunks_exact(LANES);
+    for c in &mut outs {
+        for (s, &v) in sums.iter_mut().zip(c) {
+            *s += v;
+        }
+    }
+    let s = outs.remainder().iter().sum::<f32>() + sums.iter().sum::<f32>();
+    for o in yr.iter_mut() {
+        *o /= s;
+    }
+}
+
+/// [`LANES`] rows of `d <= SHORT` values (`x` and `y` hold `LANES * d`), one row per lane,
+/// with [`softmax_row`]'s steps in its order: the max, the exponentials, the sum of the
+/// values past the last whole vector, plus the sum of the 8 partial sums (value `j` of a row
+/// goes to partial sum `j % 8`).
+#[inline(always)]
+fn softmax_group(x: &[f32], y: &mut [f32], d: usize) {
+    // t[j][r]: value j of row r.
+    let mut t = [[0f32; LANES]; SHORT];
+    for (r, xr) in x.chunks_exact(d).enumerate() {
+        for (j, &v) in xr.iter().enumerate() {
+            t[j][r] = v;
+        }
+    }
+    let whole = d / LANES * LANES;
+    let mut m = [f32::NEG_INFINITY; LANES];
+    for tj in &t[..d] {
+        for r in 0..LANES {
+            m[r] = if tj[r] > m[r] { tj[r] } else { m[r] };
+        }
+    }
+    for tj in t[..d].iter_mut() {
+        for r in 0..LANES {
+            tj[r] = exp_shifted(tj[r], m[r]);
+        }
+    }
+    // The partial sums of the whole vectors (one when d >= 8, at most two vectors deep).
+    let mut sums = [[0f32; LANES]; LANES];
+    for (j, tj) in t[..whole].iter().enumerate() {
+        for r in 0..LANES {
+            sums[j % LANES][r] += tj[r];
+        }
+    }
+    let mut s = [0f32; LANES];
+    for tj in &t[whole..d] {
+        for r in 0..LANES {
+            s[r] += tj[r];
+        }
+    }
+    let mut total = [0f32; LANES];
+    if whole > 0 {
+        for sj in &sums {
+            for r in 0..LANES {
+                total[r] += sj[r];
             }
         }
-        let m = vals
-            .remainder()
-            .iter()
-            .chain(&lanes)
-            .copied()
-            .fold(f32::NEG_INFINITY, f32::max);
-        for (o, &v) in yr.iter_mut().zip(xr) {
-            let t = v - m;
-            let e = super::rnn_units::exp(t);
-            *o = if t < -87.0 { 0.0 } else { e };
+    }
+    for r in 0..LANES {
+        s[r] += total[r];
+    }
+    for tj in t[..d].iter_mut() {
+        for r in 0..LANES {
+            tj[r] /= s[r];
         }
-        let mut sums = [0f32; LANES];
-        let mut outs = yr.chunks_exact(LANES);
-        for c in &mut outs {
-            for (s, &v) in sums.iter_mut().zip(c) {
-                *s += v;
-            }
-        }
-        let s = outs.remainder().iter().sum::<f32>() + sums.iter().sum::<f32>();
-        for o in yr.iter_mut() {
-            *o /= s;
+    }
+    for (r, yr) in y.chunks_exact_mut(d).enumerate() {
+        for (j, o) in yr.iter_mut().enumerate() {
+            *o = t[j][r];
         }
     }
 }
