@@ -378,7 +378,7 @@ impl GemmContext {
         // call, and a second pool beside them would fight them for the cores.
         #[cfg(target_arch = "x86_64")]
         if let Some(isa) = self.small_kernels(trans_a, trans_b, m, n, k) {
-            small::sgemm(isa, trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+            small::sgemm(isa, trans_a, trans_b, m, n, k, alpha, a, b, beta, c, None);
             return;
         }
         if self.run_blocked(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, None) {
@@ -388,8 +388,10 @@ impl GemmContext {
     }
 
     /// `C = op(A) op(B) + bias` with `bias` (`n` values) added to every row: a fully
-    /// connected layer. The blocked kernel adds the bias as it stores its first pass over `C`;
-    /// the other backends get `C` filled with the bias and then accumulate into it.
+    /// connected layer. The small-dimension kernels add the bias as they store each tile, the
+    /// blocked kernel as it stores its first pass over `C`; the other backends get `C` filled
+    /// with the bias and then accumulate into it (the same value: one rounding of the product
+    /// plus the bias).
     ///
     /// # Panics
     /// If a slice is shorter than its matrix, or the bias than `n` (callers check shapes
@@ -413,14 +415,34 @@ impl GemmContext {
         }
         let bias = &bias[..n];
         #[cfg(target_arch = "x86_64")]
-        let small = self.small_kernels(trans_a, trans_b, m, n, k).is_some();
+        let small = self.small_kernels(trans_a, trans_b, m, n, k);
         #[cfg(not(target_arch = "x86_64"))]
-        let small = false;
-        let fused = self.cblas().is_none()
-            && !small
-            && self.run_blocked(trans_a, trans_b, m, n, k, 1.0, a, b, 0.0, c, Some(bias));
-        if fused {
-            return;
+        let small: Option<()> = None;
+        if self.cblas().is_none() {
+            // The small-dimension kernels and the blocked one add the bias as they store.
+            #[cfg(target_arch = "x86_64")]
+            if let Some(isa) = small {
+                small::sgemm(
+                    isa,
+                    trans_a,
+                    trans_b,
+                    m,
+                    n,
+                    k,
+                    1.0,
+                    a,
+                    b,
+                    0.0,
+                    c,
+                    Some(bias),
+                );
+                return;
+            }
+            if small.is_none()
+                && self.run_blocked(trans_a, trans_b, m, n, k, 1.0, a, b, 0.0, c, Some(bias))
+            {
+                return;
+            }
         }
         // The bias in every row (then C += op(A) op(B)), rows shared with the team.
         let per = part_len(m, m * n) * n;

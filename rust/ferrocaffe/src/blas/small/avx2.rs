@@ -47,7 +47,89 @@ unsafe fn tile<const R: usize, const V: usize>(t: &Tile) {
         }
     };
     // SAFETY: as above.
-    unsafe { store::<R, V>(t, &acc) };
+    unsafe {
+        if V == 1 && R <= 8 && t.transposed {
+            store_transposed::<R>(t, std::array::from_fn(|r| acc[r][0]));
+        } else {
+            store::<R, V>(t, &acc)
+        }
+    };
+}
+
+/// `rows[j]` lane `i` = `rows[i]` lane `j`: an 8 x 8 transpose in registers.
+#[target_feature(enable = "avx2")]
+fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    [
+        _mm256_permute2f128_ps::<0x20>(s0, s4),
+        _mm256_permute2f128_ps::<0x20>(s1, s5),
+        _mm256_permute2f128_ps::<0x20>(s2, s6),
+        _mm256_permute2f128_ps::<0x20>(s3, s7),
+        _mm256_permute2f128_ps::<0x31>(s0, s4),
+        _mm256_permute2f128_ps::<0x31>(s1, s5),
+        _mm256_permute2f128_ps::<0x31>(s2, s6),
+        _mm256_permute2f128_ps::<0x31>(s3, s7),
+    ]
+}
+
+/// The transposed store of an `R x 8` tile (`R <= 8`): column `j` of the tile is `R`
+/// contiguous values of `C`'s row `j`, so the tile is transposed in registers and each of its
+/// `t.cols` columns stored as one (masked) vector, with the same arithmetic per value as
+/// [`store`]: `alpha * acc (+ beta * C) (+ bias)`.
+///
+/// # Safety
+/// As [`tile`].
+#[target_feature(enable = "avx2,fma")]
+unsafe fn store_transposed<const R: usize>(t: &Tile, acc: [__m256; R]) {
+    let (alpha, beta) = t.scalars;
+    let (alpha_v, beta_v) = (_mm256_set1_ps(alpha), _mm256_set1_ps(beta));
+    let mut rows = [_mm256_setzero_ps(); 8];
+    for (o, a) in rows.iter_mut().zip(acc) {
+        *o = _mm256_mul_ps(alpha_v, a);
+    }
+    let cols = transpose8(rows);
+    let mask = lanes(R);
+    let out = t.c.ptr.cast_mut();
+    debug_assert_eq!(t.c.rs, 1);
+    // SAFETY: the tile's rows of P (its bias values) and C's rows `0..t.cols`, `R` values
+    // each, are in bounds; masked-off lanes are not touched.
+    unsafe {
+        let bias = if t.bias.is_null() {
+            None
+        } else {
+            Some(_mm256_maskload_ps(t.bias, mask))
+        };
+        for (j, &col) in cols.iter().enumerate().take(t.cols) {
+            let dst = out.add(j * t.c.cs);
+            let mut val = col;
+            if beta != 0.0 {
+                val = _mm256_fmadd_ps(beta_v, _mm256_maskload_ps(dst, mask), val);
+            }
+            if let Some(b) = bias {
+                val = _mm256_add_ps(val, b);
+            }
+            if R == 8 {
+                _mm256_storeu_ps(dst, val);
+            } else {
+                _mm256_maskstore_ps(dst, mask, val);
+            }
+        }
+    }
 }
 
 /// The `R x V` accumulators of the tile (alpha not applied). `MASKED`: the last vector of a
@@ -86,7 +168,7 @@ unsafe fn products<const R: usize, const V: usize, const MASKED: bool>(
     acc
 }
 
-/// `C = alpha * acc + beta * C` for the tile, straight or transposed (`t.c.cs != 1`).
+/// `C = alpha * acc + beta * C (+ bias)` for the tile, straight or transposed.
 ///
 /// # Safety
 /// As [`tile`].
@@ -98,10 +180,15 @@ unsafe fn store<const R: usize, const V: usize>(t: &Tile, acc: &[[__m256; V]; R]
     let out = t.c.ptr.cast_mut();
     // SAFETY: the tile's part of C is in bounds; masked-off lanes are not touched.
     unsafe {
-        if t.c.cs == 1 {
+        if !t.transposed {
             for v in 0..V {
                 let width = t.cols.saturating_sub(8 * v).min(8);
                 let mask = lanes(width);
+                let bias = if t.bias.is_null() {
+                    None
+                } else {
+                    Some(_mm256_maskload_ps(t.bias.add(8 * v), mask))
+                };
                 for r in 0..R {
                     let dst = out.add(r * t.c.rs + 8 * v);
                     let mut val = _mm256_mul_ps(alpha_v, acc[r][v]);
@@ -109,10 +196,16 @@ unsafe fn store<const R: usize, const V: usize>(t: &Tile, acc: &[[__m256; V]; R]
                         if beta != 0.0 {
                             val = _mm256_fmadd_ps(beta_v, _mm256_loadu_ps(dst), val);
                         }
+                        if let Some(b) = bias {
+                            val = _mm256_add_ps(val, b);
+                        }
                         _mm256_storeu_ps(dst, val);
                     } else {
                         if beta != 0.0 {
                             val = _mm256_fmadd_ps(beta_v, _mm256_maskload_ps(dst, mask), val);
+                        }
+                        if let Some(b) = bias {
+                            val = _mm256_add_ps(val, b);
                         }
                         _mm256_maskstore_ps(dst, mask, val);
                     }
@@ -132,10 +225,15 @@ unsafe fn store<const R: usize, const V: usize>(t: &Tile, acc: &[[__m256; V]; R]
                 let dst = out.add(j * t.c.cs);
                 for r in 0..R {
                     let d = dst.add(r);
-                    *d = if beta != 0.0 {
+                    let v = if beta != 0.0 {
                         beta.mul_add(*d, buf[r][j])
                     } else {
                         buf[r][j]
+                    };
+                    *d = if t.bias.is_null() {
+                        v
+                    } else {
+                        v + *t.bias.add(r)
                     };
                 }
             }

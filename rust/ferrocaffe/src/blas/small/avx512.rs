@@ -63,7 +63,13 @@ unsafe fn tile<const R: usize, const V: usize>(t: &Tile) {
     let out = t.c.ptr.cast_mut();
     // SAFETY (stores): the tile's part of C is in bounds; masked-off lanes are not touched.
     unsafe {
-        if t.c.cs == 1 {
+        if !t.transposed {
+            let mut bias = [None; V];
+            if !t.bias.is_null() {
+                for v in 0..V {
+                    bias[v] = Some(_mm512_maskz_loadu_ps(masks[v], t.bias.add(16 * v)));
+                }
+            }
             for r in 0..R {
                 for v in 0..V {
                     let dst = out.add(r * t.c.rs + 16 * v);
@@ -71,6 +77,9 @@ unsafe fn tile<const R: usize, const V: usize>(t: &Tile) {
                     if beta != 0.0 {
                         let old = _mm512_maskz_loadu_ps(masks[v], dst);
                         val = _mm512_fmadd_ps(beta_v, old, val);
+                    }
+                    if let Some(b) = bias[v] {
+                        val = _mm512_add_ps(val, b);
                     }
                     _mm512_mask_storeu_ps(dst, masks[v], val);
                 }
@@ -88,6 +97,11 @@ unsafe fn tile<const R: usize, const V: usize>(t: &Tile) {
             debug_assert_eq!(t.c.rs, 1);
             let base = buf.as_ptr().cast::<f32>();
             let row_mask = lanes(R);
+            let bias = if t.bias.is_null() {
+                None
+            } else {
+                Some(_mm512_maskz_loadu_ps(row_mask, t.bias))
+            };
             // Lane r reads element (r, j) of the buffer: offset r * 16 V + j.
             let offsets = _mm512_mullo_epi32(
                 _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -104,6 +118,9 @@ unsafe fn tile<const R: usize, const V: usize>(t: &Tile) {
                 if beta != 0.0 {
                     let old = _mm512_maskz_loadu_ps(row_mask, dst);
                     val = _mm512_fmadd_ps(beta_v, old, val);
+                }
+                if let Some(b) = bias {
+                    val = _mm512_add_ps(val, b);
                 }
                 _mm512_mask_storeu_ps(dst, row_mask, val);
             }

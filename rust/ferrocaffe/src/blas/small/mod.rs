@@ -149,8 +149,9 @@ pub(super) fn applies(trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize
     Isa::detect().filter(|isa| isa.fits(trans_a, trans_b, m, n, k))
 }
 
-/// `C = alpha * op(A) op(B) + beta * C` on `isa`, for the shapes [`applies`] accepts
-/// (row-major, tight leading dimensions; `beta == 0` overwrites `C`).
+/// `C = alpha * op(A) op(B) + beta * C (+ bias)` on `isa`, for the shapes [`applies`]
+/// accepts (row-major, tight leading dimensions; `beta == 0` overwrites `C`; `bias`, `n`
+/// values, is added to every row as the tiles are stored: a fully connected layer).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn sgemm(
     isa: Isa,
@@ -164,10 +165,14 @@ pub(super) fn sgemm(
     b: &[f32],
     beta: f32,
     c: &mut [f32],
+    bias: Option<&[f32]>,
 ) {
     debug_assert!(isa.fits(trans_a, trans_b, m, n, k));
     debug_assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
+    debug_assert!(bias.is_none_or(|b| b.len() >= n));
+    let isa = narrowest(isa, trans_a, trans_b, m);
     let scalars = (alpha, beta);
+    let bias = bias.map_or(std::ptr::null(), <[f32]>::as_ptr);
     let c = c.as_mut_ptr();
     if trans_b {
         // C^T = B A^T: P = B (n x k, in place), Q = A^T (k x m, packed), tiles transposed.
@@ -183,6 +188,8 @@ pub(super) fn sgemm(
                 k,
                 scalars,
                 c: Strided::new(c.cast_const(), 1, n),
+                transposed: true,
+                bias,
                 copy_strips: copies_strips(m, k),
                 strips: None,
             };
@@ -208,10 +215,26 @@ pub(super) fn sgemm(
         k,
         scalars,
         c: Strided::new(c.cast_const(), n, 1),
+        transposed: false,
+        bias,
         copy_strips,
         strips: held.as_ref().and_then(|h| h.get()),
     }
     .run();
+}
+
+/// The ISA a product runs on: `isa`, except that `A B^T` with at most 8 rows of `A` runs on
+/// AVX2 where the CPU has it. Those rows are the lanes of its transposed tiles: half of an
+/// AVX-512 vector would be masked off, and AVX2 stores the tiles through a register
+/// transpose ([`avx2`]). Each value is the same fused multiply-add chain either way.
+fn narrowest(isa: Isa, trans_a: bool, trans_b: bool, m: usize) -> Isa {
+    static AVX2: OnceLock<bool> = OnceLock::new();
+    let avx2 = *AVX2.get_or_init(|| Isa::all().contains(&Isa::Avx2));
+    if isa == Isa::Avx512 && !trans_a && trans_b && m <= 8 && avx2 {
+        Isa::Avx2
+    } else {
+        isa
+    }
 }
 
 /// Inner dimensions from which a column strip of `Q` that several tiles read is first copied
@@ -275,6 +298,12 @@ struct Problem<'a> {
     scalars: (f32, f32),
     /// Output element `(r, c)` (stored through `ptr` cast to mutable).
     c: Strided,
+    /// Whether the tiles are stored transposed (`C^T = P Q`: `c` has unit row stride, and
+    /// unit column stride too when `C` has one column).
+    transposed: bool,
+    /// The bias of each column of the output (`C`'s columns: `P`'s rows when the output is
+    /// stored transposed), or null.
+    bias: *const f32,
     /// Whether each column strip of `Q` is copied tight before its tiles run
     /// ([`copies_strips`]; the same products either way).
     copy_strips: bool,
@@ -322,7 +351,7 @@ impl Problem<'_> {
             let v = width.div_ceil(lanes);
             // The rows in tiles of at most max_rows, as even as they come (32 rows in tiles
             // of 6: 5 5 5 5 6 6, not five 6s and a 2).
-            let tiles = (r1 - r0).div_ceil(self.isa.max_rows(v));
+            let tiles = (r1 - r0).div_ceil(self.max_rows(v));
             // The tiles of these columns, reading Q's columns from `q`, rows `qld` apart.
             let run = |q: *const f32, qld: usize| {
                 let mut r = r0;
@@ -336,6 +365,8 @@ impl Problem<'_> {
                         k: self.k,
                         scalars: self.scalars,
                         c: self.c.at(r, c),
+                        transposed: self.transposed,
+                        bias: self.bias_at(r, c),
                     };
                     // SAFETY: the ISA was detected on this CPU (`applies`); the tile's rows,
                     // columns and inner dimension lie within the matrices the caller checked
@@ -364,6 +395,27 @@ impl Problem<'_> {
         }
     }
 
+    /// The most rows a tile of `v` vectors takes: what fits in the registers, but 8 for the
+    /// AVX2 tiles of one vector stored transposed (an 8 x 8 register transpose).
+    fn max_rows(&self, v: usize) -> usize {
+        if self.isa == Isa::Avx2 && v == 1 && self.transposed {
+            8
+        } else {
+            self.isa.max_rows(v)
+        }
+    }
+
+    /// The bias of the tile at row `r`, column `c` (of `P` and `Q`), or null.
+    fn bias_at(&self, r: usize, c: usize) -> *const f32 {
+        if self.bias.is_null() {
+            self.bias
+        } else if !self.transposed {
+            self.bias.wrapping_add(c)
+        } else {
+            self.bias.wrapping_add(r)
+        }
+    }
+
     /// Columns `c..c + width` of `Q`, every row of them, into `strip` (`k x width`, tight).
     fn copy_strip(&self, c: usize, width: usize, strip: &mut Vec<f32>) {
         strip.clear();
@@ -382,6 +434,11 @@ struct Tile {
     k: usize,
     scalars: (f32, f32),
     c: Strided,
+    /// Stored transposed: tile column `j` is `C`'s row `j`.
+    transposed: bool,
+    /// Null, or the bias of the tile's output columns: indexed by the tile's column `j` when
+    /// stored straight, by its row `r` when stored transposed.
+    bias: *const f32,
 }
 
 /// Any tile, one element at a time (for tile shapes that have no instantiation).
@@ -401,10 +458,15 @@ unsafe fn tile_scalar(rows: usize, t: &Tile) {
                     s = pv.mul_add(*t.q.add(kk * t.qld + j), s);
                 }
                 let dst = t.c.ptr.cast_mut().add(r * t.c.rs + j * t.c.cs);
-                *dst = if beta != 0.0 {
+                let v = if beta != 0.0 {
                     beta.mul_add(*dst, alpha * s)
                 } else {
                     alpha * s
+                };
+                *dst = if t.bias.is_null() {
+                    v
+                } else {
+                    v + *t.bias.add(if t.transposed { r } else { j })
                 };
             }
         }
@@ -444,7 +506,7 @@ mod tests {
         let tol = 1e-4 * (k as f64).sqrt();
         // beta = 0 overwrites (NaN included); beta = 1 and 0.5 accumulate; alpha scales.
         let mut c = vec![f32::NAN; m * n];
-        sgemm(isa, ta, tb, m, n, k, 1.0, &a, &b, 0.0, &mut c);
+        sgemm(isa, ta, tb, m, n, k, 1.0, &a, &b, 0.0, &mut c, None);
         for (i, (x, y)) in c.iter().zip(&want).enumerate() {
             assert!(
                 (*x as f64 - y).abs() < tol,
@@ -452,7 +514,7 @@ mod tests {
             );
         }
         let once = c.clone();
-        sgemm(isa, ta, tb, m, n, k, 2.0, &a, &b, 0.5, &mut c);
+        sgemm(isa, ta, tb, m, n, k, 2.0, &a, &b, 0.5, &mut c, None);
         for (x, y) in c.iter().zip(&want) {
             assert!(
                 (*x as f64 - 2.5 * y).abs() < 3.0 * tol,
@@ -488,6 +550,67 @@ mod tests {
     }
 
     #[test]
+    fn a_bias_added_as_the_tiles_are_stored_matches_one_added_after() {
+        // FC shapes (A B^T, a batch of up to 8 rows: transposed tiles of 1 to 8 rows, masked
+        // below 8), wider batches, and A B; the fused bias must give the bits of C filled with
+        // the bias and then accumulated into (one rounding of product plus bias).
+        for &(ta, tb, m, n, k) in &[
+            (false, true, 8, 64, 32),
+            (false, true, 8, 5, 32),
+            (false, true, 5, 13, 7),
+            (false, true, 8, 1, 16),
+            (false, true, 1, 9, 8),
+            (false, true, 3, 17, 40),
+            (false, true, 16, 20, 9),
+            (false, true, 33, 70, 20),
+            (false, false, 3, 17, 19),
+            (false, false, 8, 64, 32),
+            (true, false, 40, 33, 8),
+        ] {
+            for isa in Isa::all().into_iter().filter(|i| i.fits(ta, tb, m, n, k)) {
+                let (a, b, bias) = (data(m * k, 5.0), data(k * n, 6.0), data(n, 7.0));
+                let mut fused = vec![f32::NAN; m * n];
+                sgemm(
+                    isa,
+                    ta,
+                    tb,
+                    m,
+                    n,
+                    k,
+                    1.0,
+                    &a,
+                    &b,
+                    0.0,
+                    &mut fused,
+                    Some(&bias),
+                );
+                let mut after: Vec<f32> = (0..m * n).map(|i| bias[i % n]).collect();
+                sgemm(isa, ta, tb, m, n, k, 1.0, &a, &b, 1.0, &mut after, None);
+                let want = naive(ta, tb, m, n, k, &a, &b);
+                assert_eq!(fused, after, "{isa:?} {ta}{tb} {m}x{n}x{k}");
+                for (i, (x, y)) in fused.iter().zip(&want).enumerate() {
+                    let y = y + bias[i % n] as f64;
+                    assert!(
+                        (*x as f64 - y).abs() < 1e-4 * (k as f64).sqrt(),
+                        "[{i}] {x} vs {y}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_narrow_batch_times_a_transposed_weight_runs_on_avx2_where_the_cpu_has_it() {
+        let avx2 = Isa::all().contains(&Isa::Avx2);
+        for isa in Isa::all() {
+            let narrowed = narrowest(isa, false, true, 8);
+            assert_eq!(narrowed, if avx2 { Isa::Avx2 } else { isa });
+            assert_eq!(narrowest(isa, false, true, 9), isa);
+            assert_eq!(narrowest(isa, false, false, 8), isa);
+        }
+    }
+
+    #[test]
     fn split_products_match_and_do_not_depend_on_the_split() {
         // Above SPLIT_FLOPS: the LSTM step shapes, run split and unsplit.
         for &(ta, tb, m, n, k) in &[
@@ -509,7 +632,7 @@ mod tests {
             let a = data(m * k, 3.0);
             let b = data(k * n, 4.0);
             let mut split = vec![0.0; m * n];
-            sgemm(isa, ta, tb, m, n, k, 1.0, &a, &b, 0.0, &mut split);
+            sgemm(isa, ta, tb, m, n, k, 1.0, &a, &b, 0.0, &mut split, None);
             // The same tiles in one block on this thread.
             let mut whole = vec![0.0; m * n];
             let (p, rows, q, cols, c) = if tb {
@@ -540,6 +663,8 @@ mod tests {
                     k,
                     scalars: (1.0, 0.0),
                     c,
+                    transposed: tb,
+                    bias: std::ptr::null(),
                     copy_strips,
                     strips,
                 };
