@@ -378,3 +378,63 @@ impl Workspace {
         OpInstance::new(def, self)?.run(self)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::Argument;
+    use crate::tensor::Tensor;
+
+    fn feed(ws: &Workspace, name: &str, dims: &[usize]) {
+        let n: usize = dims.iter().product();
+        let v = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+        ws.feed(name, Tensor::from_vec(dims, v).expect("a float tensor"));
+    }
+
+    #[test]
+    fn in_place_relus_fold_into_the_ops_that_apply_them() {
+        let ws = Workspace::new();
+        feed(&ws, "x", &[2, 4]);
+        feed(&ws, "w", &[3, 4]);
+        feed(&ws, "b", &[3]);
+        feed(&ws, "img", &[2, 3, 2, 2]);
+        for p in ["scale", "bias", "mean", "var"] {
+            feed(&ws, p, &[3]);
+        }
+        let mut bn = OperatorDef::new("SpatialBN", ["img", "scale", "bias", "mean", "var"], ["n"]);
+        bn.arg.push(Argument::int("is_test", 1));
+        let ops = vec![
+            // Folded: FC, SpatialBN and InstanceNorm each followed by a Relu on its Y.
+            OperatorDef::new("FC", ["x", "w", "b"], ["y"]),
+            OperatorDef::new("Relu", ["y"], ["y"]),
+            bn,
+            OperatorDef::new("Relu", ["n"], ["n"]),
+            OperatorDef::new("InstanceNorm", ["img", "scale", "bias"], ["i"]),
+            OperatorDef::new("Relu", ["i"], ["i"]),
+            // Kept: a Relu into another blob, and one after an op that does not apply it.
+            OperatorDef::new("FC", ["x", "w", "b"], ["z"]),
+            OperatorDef::new("Relu", ["z"], ["r"]),
+            OperatorDef::new("Sigmoid", ["r"], ["s"]),
+            OperatorDef::new("Relu", ["s"], ["s"]),
+        ];
+        let def = NetDef {
+            op: ops,
+            ..Default::default()
+        };
+        let mut net = Net::new(&def, &ws).expect("the net");
+        assert_eq!(net.num_ops(), 7);
+        net.run().expect("a run");
+        let y = ws.fetch("y").expect("y");
+        assert!(y
+            .as_slice::<f32>()
+            .expect("floats")
+            .iter()
+            .all(|&v| v >= 0.0));
+        let z = ws.fetch("z").expect("z");
+        assert!(z
+            .as_slice::<f32>()
+            .expect("floats")
+            .iter()
+            .any(|&v| v < 0.0));
+    }
+}

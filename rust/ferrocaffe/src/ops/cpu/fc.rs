@@ -4,6 +4,7 @@
 //! X is flattened to `M x K` at `axis` (default 1), W to `N x K` (`K x N` transposed) at
 //! `axis_w` (default 1); Y has X's dims before `axis` followed by N.
 
+use super::elementwise::Dims;
 use crate::error::Result;
 use crate::ops::operator::{OpContext, OpInit, Operator};
 use crate::ops::registry::Registry;
@@ -32,6 +33,8 @@ struct Fc {
     /// Gradient ops only: leave dW (output 0) and/or db (output 1) alone; set through
     /// [`DEFERRED_ARG`] by `RecurrentNetworkGradient`, which sums them after the steps.
     deferred: [bool; 2],
+    /// Forward only: an in-place Relu on Y folded into this op ([`Operator::fuse_relu`]).
+    relu: bool,
 }
 
 /// Internal argument of `FCGradient` / `FCTransposedGradient`: output indices (0: dW, 1: db)
@@ -49,7 +52,7 @@ fn canonical(axis: isize, nd: usize) -> Option<usize> {
 
 impl Fc {
     /// (M, K, N, y_dims) after checking the shapes.
-    fn sizes(&self, x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize, Vec<usize>)> {
+    fn sizes(&self, x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize, Dims)> {
         let ax = canonical(self.axis, x.ndim()).ok_or_else(
             || err!(BadArgument: "axis {} out of range for X of shape {:?}", self.axis, x.dims()),
         )?;
@@ -70,7 +73,7 @@ impl Fc {
                 w.dims()
             );
         }
-        let mut y_dims = x.dims()[..ax].to_vec();
+        let mut y_dims = Dims::from_slice(&x.dims()[..ax]);
         y_dims.push(n);
         Ok((m, k, n, y_dims))
     }
@@ -92,6 +95,12 @@ impl Fc {
         );
         let y = outs.tensor(0)?.ensure::<f32>(&y_dims);
         gemm.sgemm_bias(false, !self.transposed, m, n, k, xs, ws, bs, y);
+        if self.relu {
+            // Over Y while it is in cache (as the Relu op computes it; NaN gives 0).
+            for v in y.iter_mut() {
+                *v = if *v > 0.0 { *v } else { 0.0 };
+            }
+        }
         Ok(())
     }
 
@@ -180,6 +189,12 @@ impl Operator for Fc {
             self.forward(ctx)
         }
     }
+
+    /// FC -> in-place Relu: one dispatch and one pass over Y fewer.
+    fn fuse_relu(&mut self) -> bool {
+        self.relu = !self.gradient;
+        self.relu
+    }
 }
 
 fn create(init: &OpInit<'_>, transposed: bool, gradient: bool) -> Result<Box<dyn Operator>> {
@@ -196,5 +211,6 @@ fn create(init: &OpInit<'_>, transposed: bool, gradient: bool) -> Result<Box<dyn
             let outs = init.args.ints(DEFERRED_ARG);
             [outs.contains(&0), outs.contains(&1)]
         },
+        relu: false,
     }))
 }

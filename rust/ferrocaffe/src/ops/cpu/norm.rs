@@ -65,6 +65,8 @@ struct SpatialBn {
     is_test: bool,
     nhwc: bool,
     gradient: bool,
+    /// An in-place Relu on Y folded into this op ([`Operator::fuse_relu`]).
+    relu: bool,
 }
 
 fn channel_vec(ctx: &OpContext<'_>, i: usize, c: usize) -> Result<Vec<f32>> {
@@ -148,7 +150,7 @@ impl SpatialBn {
                 None => ins.tensor(0)?.as_slice::<f32>()?,
             };
             let y = outs.tensor(0)?.ensure::<f32>(&dims);
-            channel_affine(x, y, &a, &b, (c, inner), self.nhwc);
+            channel_affine(x, y, &a, &b, (c, inner), self.nhwc, self.relu);
         }
         if !self.is_test {
             if ctx.num_outputs() < 5 {
@@ -305,6 +307,12 @@ impl Operator for SpatialBn {
             self.forward(ctx)
         }
     }
+
+    /// Y gets the Relu as it is written (Conv -> SpatialBN -> Relu: one pass over Y fewer).
+    fn fuse_relu(&mut self) -> bool {
+        self.relu = !self.gradient;
+        self.relu
+    }
 }
 
 fn nhwc(init: &OpInit<'_>) -> Result<bool> {
@@ -324,7 +332,18 @@ fn create_bn(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
         is_test: init.args.bool("is_test", false)?,
         nhwc: nhwc(init)?,
         gradient,
+        relu: false,
     }))
+}
+
+/// Relu as the Relu op computes it: `v > 0 ? v : 0` (NaN gives 0), applied when `on`.
+#[inline(always)]
+fn relu_if(on: bool, v: f32) -> f32 {
+    if on && !(v > 0.0) {
+        0.0
+    } else {
+        v
+    }
 }
 
 struct Lrn {
@@ -758,6 +777,8 @@ fn create_lrn(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
 struct InstanceNorm {
     eps: f32,
     nhwc: bool,
+    /// An in-place Relu on Y folded into this op ([`Operator::fuse_relu`]).
+    relu: bool,
 }
 
 /// `(mean, 1 / sqrt(var + eps))` from a sum and a sum of squares over `m` values.
@@ -804,15 +825,21 @@ fn instance_stats_part(
     }
 }
 
-/// `y = (x - mean) * inv * scale + bias`, element by element (compiled per SIMD level).
+/// `y = (x - mean) * inv * scale + bias` (then Relu when `relu`), element by element
+/// (compiled per SIMD level).
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
     "x86_64+avx2+fma",
     "aarch64+neon"
 ))]
-fn normalize_plane(x: &[f32], (mean, inv, scale, bias): (f32, f32, f32, f32), y: &mut [f32]) {
+fn normalize_plane(
+    x: &[f32],
+    (mean, inv, scale, bias): (f32, f32, f32, f32),
+    relu: bool,
+    y: &mut [f32],
+) {
     for (o, &v) in y.iter_mut().zip(x) {
-        *o = (v - mean) * inv * scale + bias;
+        *o = relu_if(relu, (v - mean) * inv * scale + bias);
     }
 }
 
@@ -874,7 +901,7 @@ impl Operator for InstanceNorm {
                         let st = &stats[img * c..(img + 1) * c];
                         let it = yp.iter_mut().zip(xp).zip(st).zip(&scale).zip(&bias);
                         for ((((o, &v), &(mean, inv)), &sc), &b) in it {
-                            *o = (v - mean) * inv * sc + b;
+                            *o = relu_if(self.relu, (v - mean) * inv * sc + b);
                         }
                     }
                 });
@@ -885,7 +912,7 @@ impl Operator for InstanceNorm {
                         let plane = first + k;
                         let (mean, inv) = stats[plane];
                         let (sc, b) = (scale[plane % c], bias[plane % c]);
-                        normalize_plane(xp, (mean, inv, sc, b), yp);
+                        normalize_plane(xp, (mean, inv, sc, b), self.relu, yp);
                     }
                 });
             }
@@ -902,12 +929,19 @@ impl Operator for InstanceNorm {
         }
         Ok(())
     }
+
+    /// Y gets the Relu as it is written (style transfer's InstanceNorm -> Relu).
+    fn fuse_relu(&mut self) -> bool {
+        self.relu = true;
+        true
+    }
 }
 
 fn create_instance_norm(init: &OpInit<'_>) -> Result<Box<dyn Operator>> {
     Ok(Box::new(InstanceNorm {
         eps: init.args.float("epsilon", 1e-5)?,
         nhwc: nhwc(init)?,
+        relu: false,
     }))
 }
 
@@ -1309,13 +1343,14 @@ fn channel_affine(
     b: &[f32],
     (c, inner): (usize, usize),
     nhwc: bool,
+    relu: bool,
 ) {
     if nhwc {
         for_each_chunk(y, c, c.saturating_mul(2), &|first, part| {
             let xs = &x[first * c..first * c + part.len()];
             for (yp, xp) in part.chunks_mut(c).zip(xs.chunks(c)) {
                 for (((o, &v), &a), &b) in yp.iter_mut().zip(xp).zip(a).zip(b) {
-                    *o = v * a + b;
+                    *o = relu_if(relu, v * a + b);
                 }
             }
         });
@@ -1326,7 +1361,7 @@ fn channel_affine(
                 let ch = (first + k) % c;
                 let (a, b) = (a[ch], b[ch]);
                 for (o, &v) in yp.iter_mut().zip(xp) {
-                    *o = v * a + b;
+                    *o = relu_if(relu, v * a + b);
                 }
             }
         });
