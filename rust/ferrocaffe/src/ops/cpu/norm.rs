@@ -339,10 +339,10 @@ fn create_bn(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
 /// Relu as the Relu op computes it: `v > 0 ? v : 0` (NaN gives 0), applied when `on`.
 #[inline(always)]
 fn relu_if(on: bool, v: f32) -> f32 {
-    if on && !(v > 0.0) {
-        0.0
-    } else {
+    if !on || v > 0.0 {
         v
+    } else {
+        0.0
     }
 }
 
