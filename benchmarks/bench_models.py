@@ -293,7 +293,7 @@ def main() -> int:
             off, on = ab(case, args.runs)
             ratios.append(off / on)
             print(
-                f"{case['name']:42s} {a_name} {off * 1e3:8.3f} ms  {b_name} {on * 1e3:8.3f} ms  "
+                f"{case['name']:42s} {a_name} {off * 1e3:9.4f} ms  {b_name} {on * 1e3:9.4f} ms  "
                 f"x{off / on:5.2f}",
                 flush=True,
             )
@@ -319,7 +319,7 @@ def main() -> int:
         rates.append((gflops, case["numpy_sgemm_gflops"]))
         peak = f", {share * 100:5.1f}% of sgemm peak" if share > 0.02 else ""
         print(
-            f"{case['name']:42s} ours {ours * 1e3:8.3f} ms  Caffe2 {peer * 1e3:8.3f} ms  "
+            f"{case['name']:42s} ours {ours * 1e3:9.4f} ms  Caffe2 {peer * 1e3:8.3f} ms  "
             f"x{ratio:5.2f}  normalized x{norm:5.2f}{peak}",
             flush=True,
         )
@@ -327,7 +327,7 @@ def main() -> int:
             per_type = profile(pred, max(args.runs, 5))
             total = sum(per_type.values())
             for t, s in sorted(per_type.items(), key=lambda kv: -kv[1]):
-                print(f"    {t:28s} {s * 1e3:8.3f} ms  {s / total * 100:5.1f}%")
+                print(f"    {t:28s} {s * 1e3:9.4f} ms  {s / total * 100:5.1f}%")
     if args.train:
         for order in ("NCHW", "NHWC"):
             t, flops = train_step(order, args.runs, args.trials)
