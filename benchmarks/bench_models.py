@@ -23,6 +23,9 @@ round), and prints the ratio of the two.
 ``--ab-direct`` does the same with ``FERROCAFFE_DIRECT_CONV=0`` (few-channel convolutions on
 im2col + GEMM, or Winograd) and unset (their direct kernel).
 
+``--ab-slices`` does the same with ``FERROCAFFE_CONV_SLICES=0`` (an NHWC batch of fewer images
+than threads runs a part per image) and unset (each image cut into slices of output rows).
+
 ``--ab-blocked`` does the same with ferrocaffe's blocked GEMM kernel switched off (the
 ``gemm`` crate runs the large products) and on, on one net.
 
@@ -272,6 +275,11 @@ def main() -> int:
     ap.add_argument(
         "--ab-direct", action="store_true", help="few-channel direct conv off/on, interleaved"
     )
+    ap.add_argument(
+        "--ab-slices",
+        action="store_true",
+        help="NHWC row slices (fewer images than threads) off/on, interleaved",
+    )
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--trials", type=int, default=3)
     args = ap.parse_args()
@@ -280,9 +288,12 @@ def main() -> int:
     if args.models:
         wanted = args.models.split(",")
         cases = [c for c in cases if any(w in c["name"] for w in wanted)]
-    if args.ab_winograd or args.ab_blocked or args.ab_direct:
+    if args.ab_winograd or args.ab_blocked or args.ab_direct or args.ab_slices:
         if args.ab_winograd:
             ab, (a_name, b_name) = ab_winograd, ("im2col", "winograd")
+        elif args.ab_slices:
+            ab = functools.partial(ab_winograd, var="FERROCAFFE_CONV_SLICES")
+            a_name, b_name = "per-image", "slices"
         elif args.ab_direct:
             ab = functools.partial(ab_winograd, var="FERROCAFFE_DIRECT_CONV")
             a_name, b_name = "im2col", "direct"

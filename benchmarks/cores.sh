@@ -51,6 +51,8 @@ at "$ALL" $PY benchmarks/bench_runtime.py --only fc --fc-sizes "${FC_SIZES:-64,1
     --fc-rounds 3
 at "$ALL" $PY benchmarks/bench_runtime.py --only shapes
 at "$ALL" $PY benchmarks/bench_models.py --ab-blocked
+at "$ALL" $PY benchmarks/bench_models.py --ab-slices
+at "$ALL" $PY benchmarks/bench_models.py --profile --models mlp,lenet,squeezenet,mobilenet_like.nchw,style,embedding,layout,alexnet
 for n in "$ALL" 8 2; do
     [ "$n" -le "$ALL" ] || continue
     at "$n" $PY benchmarks/bench_models.py

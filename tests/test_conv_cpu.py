@@ -56,6 +56,11 @@ CASES = [
     (5, 16, 16, 16, 16, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
     (3, 16, 16, 16, 32, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
     (3, 32, 16, 16, 32, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 32),
+    # Fewer images than threads with work to share: NHWC cuts each image into slices of
+    # output rows (the last one shorter here), one part each.
+    (1, 16, 15, 16, 16, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    (1, 8, 17, 13, 24, 3, 2, (2, 1), (1, 0, 2, 1), (1, 2), 1),
+    (1, 16, 16, 16, 32, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
 ]
 
 
@@ -175,3 +180,37 @@ def test_an_inplace_relu_after_a_conv_gives_what_the_two_ops_give(net_type, grou
     workspace.RunNetOnce(net)
     for b, v in want.items():
         np.testing.assert_array_equal(workspace.FetchBlob(b), v, err_msg=b)
+
+
+@pytest.mark.parametrize("kernel,fuse", [(3, True), (3, False), (1, False)])
+def test_an_image_cut_into_row_slices_gets_the_bits_of_a_whole_image(monkeypatch, kernel, fuse):
+    # One NHWC image (fewer images than threads: cut into slices of output rows on a machine
+    # with two or more cores) against the same image in a batch of as many images as threads
+    # (a part per image): every pixel must get the same value, with a fused Relu as well.
+    import os
+
+    from ferrocaffe.proto import caffe2_pb2
+
+    threads = min(int(os.environ.get("FERROCAFFE_NUM_THREADS", os.cpu_count())), os.cpu_count())
+    rng = np.random.RandomState(5)
+    x = rng.randn(1, 19, 17, 16).astype(np.float32)
+    w = rng.randn(24, kernel, kernel, 16).astype(np.float32)
+    b = rng.randn(24).astype(np.float32)
+    ops = [core.CreateOperator("Conv", ["x", "w", "b"], ["y"], kernel=kernel, order="NHWC")]
+    if fuse:
+        ops.append(core.CreateOperator("Relu", ["y"], ["y"]))
+    outs = []
+    # The single image cut into slices, then as one part (FERROCAFFE_CONV_SLICES=0), then in
+    # a batch of a part per image.
+    for slices, batch in (("1", x), ("0", x), ("1", np.concatenate([x] * max(threads, 2)))):
+        monkeypatch.setenv("FERROCAFFE_CONV_SLICES", slices)
+        workspace.ResetWorkspace()
+        for k, v in (("x", batch), ("w", w), ("b", b)):
+            workspace.FeedBlob(k, v)
+        net = caffe2_pb2.NetDef(name="slices")
+        net.op.extend(ops)
+        workspace.RunNetOnce(net)
+        outs.append(workspace.FetchBlob("y"))
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][0], outs[2][0])
+    np.testing.assert_array_equal(outs[2][-1], outs[2][0])

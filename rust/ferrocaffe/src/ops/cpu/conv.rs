@@ -7,7 +7,7 @@ use super::conv_args::{self, Geometry, Order};
 use super::conv_direct;
 use super::conv_nd::{ConvNd, Dispatch, NdGeometry};
 use super::depthwise;
-pub(crate) use super::im2col::{col2im, im2col};
+pub(crate) use super::im2col::{col2im, im2col, im2col_nhwc_rows};
 use super::winograd::{self, Mode};
 use crate::bail;
 use crate::blas::{for_each_part, part_len, transpose_f32, GemmContext};
@@ -135,6 +135,31 @@ impl Plan {
         d.n.div_ceil(parts.max(1))
     }
 
+    /// Output rows per part when an NHWC convolution (one group, more than one input
+    /// channel) has fewer images than threads: each image is then cut into slices of whole
+    /// output rows, one part each, so that 8 images keep 16 threads busy (a part per image
+    /// left half of them idle, and one image ran its column matrix on one thread). `None`
+    /// when images are parts enough, or the work too small to cut.
+    fn rows_per_slice(&self, g: &Geometry, d: &Dims) -> Option<usize> {
+        let threads = crate::threads::num_threads();
+        if g.order != Order::Nhwc
+            || d.group != 1
+            || self.single_channel.is_some()
+            || threads < 2
+            || d.n >= threads
+            || d.oh < 2
+        {
+            return None;
+        }
+        let image = d.spatial_out().saturating_mul(d.m).saturating_mul(d.kdim());
+        // One slice per thread, none under MIN_PARALLEL_MACS.
+        let slices = threads
+            .div_ceil(d.n.max(1))
+            .min(image / MIN_PARALLEL_MACS)
+            .min(d.oh);
+        (slices >= 2).then(|| d.oh.div_ceil(slices))
+    }
+
     fn buffers(&self) -> Result<(Vec<f32>, Vec<f32>)> {
         Ok((
             try_vec(self.col_len, 0f32, "the column buffer")?,
@@ -172,6 +197,10 @@ struct Conv {
     /// Which convolutions run on the few-channel direct kernel (`FERROCAFFE_DIRECT_CONV` at
     /// creation).
     direct: conv_direct::Mode,
+    /// Whether an NHWC batch of fewer images than threads is cut into slices of output rows
+    /// ([`Plan::rows_per_slice`]); off with `FERROCAFFE_CONV_SLICES=0` at creation, to
+    /// compare.
+    slices: bool,
     /// The Winograd transform of the filters, kept between runs while they are unchanged.
     filters: winograd::FilterCache,
 }
@@ -326,6 +355,9 @@ impl Conv {
     ) -> Result<()> {
         let d = *d;
         let plan = Plan::new(g, &d)?;
+        if let Some(rows) = plan.rows_per_slice(g, &d).filter(|_| self.slices) {
+            return self.forward_nhwc_slices(g, gemm, &d, &plan, rows, (xs, ws, bias), y);
+        }
         // Images are shared out to the team of compute threads, a few consecutive images per
         // part, each part with its own buffers; the products inside a part then run on its
         // thread alone. One image (or too little work) runs here, and its products use the
@@ -355,6 +387,68 @@ impl Conv {
                     first_error.lock().get_or_insert(e);
                     return;
                 }
+            }
+        });
+        match first_error.into_inner() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Conv::forward_im2col`] for NHWC with one group, in parts of `rows` output rows of
+    /// one image ([`Plan::rows_per_slice`]): each part lays out the column matrix of its rows
+    /// and multiplies it by the filters. A pixel's values are those of the whole-image run's.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_nhwc_slices(
+        &self,
+        g: &Geometry,
+        gemm: GemmContext,
+        d: &Dims,
+        plan: &Plan,
+        rows: usize,
+        (xs, ws, bias): (&[f32], &[f32], Option<&[f32]>),
+        y: &mut [f32],
+    ) -> Result<()> {
+        let (so, kd, m) = (d.spatial_out(), d.kdim(), d.m);
+        let slice = rows * d.ow * m;
+        // (image, first output row, Y of those rows): an image's Y is `so * m` values.
+        let mut parts = Vec::with_capacity(d.n * d.oh.div_ceil(rows));
+        for (img, yi) in y.chunks_mut(so * m).enumerate() {
+            for (k, ys) in yi.chunks_mut(slice).enumerate() {
+                parts.push((img, k * rows, ys));
+            }
+        }
+        let first_error = parking_lot::Mutex::new(None);
+        for_each_part(parts, &|(img, oy0, ys)| {
+            let pixels = ys.len() / m;
+            let oys = oy0..oy0 + pixels / d.ow;
+            let p0 = img * so + oy0 * d.ow;
+            let col;
+            let cols: &[f32] = if plan.direct {
+                // 1x1, stride 1, no padding: the pixels' rows of X are their column matrix.
+                &xs[p0 * kd..(p0 + pixels) * kd]
+            } else {
+                let mut v = match try_vec(pixels * kd, 0f32, "the column buffer") {
+                    Ok(v) => v,
+                    Err(e) => {
+                        first_error.lock().get_or_insert(e);
+                        return;
+                    }
+                };
+                im2col_nhwc_rows(g, d, xs, img, 0, oys, &mut v);
+                col = v;
+                &col
+            };
+            gemm.sgemm(false, true, pixels, m, kd, 1.0, cols, ws, 0.0, ys);
+            if let Some(b) = bias {
+                for row in ys.chunks_mut(m) {
+                    for (v, &bv) in row.iter_mut().zip(b) {
+                        *v += bv;
+                    }
+                }
+            }
+            if self.relu {
+                relu_in_place(ys);
             }
         });
         match first_error.into_inner() {
@@ -674,6 +768,7 @@ fn create(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
             relu: false,
             winograd: Mode::from_env(),
             direct: conv_direct::Mode::from_env(),
+            slices: std::env::var("FERROCAFFE_CONV_SLICES").as_deref() != Ok("0"),
             filters: Default::default(),
         }))
     } else {

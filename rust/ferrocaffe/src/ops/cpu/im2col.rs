@@ -78,37 +78,54 @@ pub(crate) fn im2col(g: &Geometry, d: &Dims, x: &[f32], img: usize, gi: usize, c
                 }
             }
         }
-        Order::Nhwc => {
-            let kd = cg * d.kh * d.kw;
-            // With one group and no dilation, the taps of one window row are one run of
-            // kw * C values of the input.
-            let runs = d.group == 1 && dw == 1;
-            for oy in 0..d.oh {
-                for ox in 0..d.ow {
-                    let p = oy * d.ow + ox;
-                    let off = (ox * sw) as isize - pl;
-                    let (lo, hi) = valid_range(d.kw, dw, off, d.w);
-                    for ki in 0..d.kh {
-                        let iy = (oy * sh + ki * dh) as isize - pt;
-                        let dst = &mut col[p * kd + ki * d.kw * cg..p * kd + (ki + 1) * d.kw * cg];
-                        if iy < 0 || iy >= d.h as isize || lo == hi {
-                            dst.fill(0.0);
-                            continue;
-                        }
-                        dst[..lo * cg].fill(0.0);
-                        dst[hi * cg..].fill(0.0);
-                        let row = (img * d.h + iy as usize) * d.w;
-                        // lo * dw + off >= 0 by construction of the range.
-                        let first = (lo as isize * dw as isize + off) as usize;
-                        if runs {
-                            let src = (row + first) * d.c;
-                            dst[lo * cg..hi * cg].copy_from_slice(&x[src..src + (hi - lo) * d.c]);
-                        } else {
-                            for kj in lo..hi {
-                                let src = (row + first + (kj - lo) * dw) * d.c + gi * cg;
-                                dst[kj * cg..(kj + 1) * cg].copy_from_slice(&x[src..src + cg]);
-                            }
-                        }
+        Order::Nhwc => im2col_nhwc_rows(g, d, x, img, gi, 0..d.oh, col),
+    }
+}
+
+/// The NHWC column matrix's rows of output rows `oys` of image `img`, group `gi`: `col` holds
+/// `oys.len() * ow` rows of `kH * kW * C/G` values (row 0 is pixel `(oys.start, 0)`).
+pub(crate) fn im2col_nhwc_rows(
+    g: &Geometry,
+    d: &Dims,
+    x: &[f32],
+    img: usize,
+    gi: usize,
+    oys: std::ops::Range<usize>,
+    col: &mut [f32],
+) {
+    let (sh, sw) = (g.stride[0], g.stride[1]);
+    let (pt, pl) = (g.pad[0] as isize, g.pad[1] as isize);
+    let (dh, dw) = (g.dilation[0], g.dilation[1]);
+    let cg = d.c / d.group;
+    let kd = cg * d.kh * d.kw;
+    // With one group and no dilation, the taps of one window row are one run of
+    // kw * C values of the input.
+    let runs = d.group == 1 && dw == 1;
+    let first_row = oys.start;
+    for oy in oys {
+        for ox in 0..d.ow {
+            let p = (oy - first_row) * d.ow + ox;
+            let off = (ox * sw) as isize - pl;
+            let (lo, hi) = valid_range(d.kw, dw, off, d.w);
+            for ki in 0..d.kh {
+                let iy = (oy * sh + ki * dh) as isize - pt;
+                let dst = &mut col[p * kd + ki * d.kw * cg..p * kd + (ki + 1) * d.kw * cg];
+                if iy < 0 || iy >= d.h as isize || lo == hi {
+                    dst.fill(0.0);
+                    continue;
+                }
+                dst[..lo * cg].fill(0.0);
+                dst[hi * cg..].fill(0.0);
+                let row = (img * d.h + iy as usize) * d.w;
+                // lo * dw + off >= 0 by construction of the range.
+                let first = (lo as isize * dw as isize + off) as usize;
+                if runs {
+                    let src = (row + first) * d.c;
+                    dst[lo * cg..hi * cg].copy_from_slice(&x[src..src + (hi - lo) * d.c]);
+                } else {
+                    for kj in lo..hi {
+                        let src = (row + first + (kj - lo) * dw) * d.c + gi * cg;
+                        dst[kj * cg..(kj + 1) * cg].copy_from_slice(&x[src..src + cg]);
                     }
                 }
             }
