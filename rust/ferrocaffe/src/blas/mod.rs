@@ -414,14 +414,10 @@ impl GemmContext {
             return;
         }
         let bias = &bias[..n];
-        #[cfg(target_arch = "x86_64")]
-        let small = self.small_kernels(trans_a, trans_b, m, n, k);
-        #[cfg(not(target_arch = "x86_64"))]
-        let small: Option<()> = None;
+        // The small-dimension kernels and the blocked one add the bias as they store.
         if self.cblas().is_none() {
-            // The small-dimension kernels and the blocked one add the bias as they store.
             #[cfg(target_arch = "x86_64")]
-            if let Some(isa) = small {
+            if let Some(isa) = self.small_kernels(trans_a, trans_b, m, n, k) {
                 small::sgemm(
                     isa,
                     trans_a,
@@ -438,9 +434,7 @@ impl GemmContext {
                 );
                 return;
             }
-            if small.is_none()
-                && self.run_blocked(trans_a, trans_b, m, n, k, 1.0, a, b, 0.0, c, Some(bias))
-            {
+            if self.run_blocked(trans_a, trans_b, m, n, k, 1.0, a, b, 0.0, c, Some(bias)) {
                 return;
             }
         }
