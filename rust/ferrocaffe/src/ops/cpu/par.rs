@@ -177,14 +177,17 @@ impl<'a> SharedOut<'a> {
         }
     }
 
-    /// `out[at + i] = f(vals[i])` for every `i`; nothing when that passes the end (which the
-    /// callers' geometry rules out).
+    /// `out[at + i] = f(vals[i])` for every `i`.
+    ///
+    /// # Panics
+    /// When that passes the end (which the callers' geometry rules out; a kernel bug fails
+    /// the op rather than leave values unwritten).
     #[inline(always)]
     pub(crate) fn write_with(&self, at: usize, vals: &[f32], f: impl Fn(f32) -> f32) {
-        if at.checked_add(vals.len()).is_none_or(|e| e > self.len) {
-            debug_assert!(false, "shared output written past its end");
-            return;
-        }
+        assert!(
+            at.checked_add(vals.len()).is_some_and(|e| e <= self.len),
+            "shared output written past its end"
+        );
         // SAFETY: in bounds (above); no other thread writes these elements (the promise of
         // `new`), and nothing reads them while the parts run.
         let out = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), vals.len()) };
