@@ -8,6 +8,7 @@ use super::conv_direct;
 use super::conv_nd::{ConvNd, Dispatch, NdGeometry};
 use super::depthwise;
 pub(crate) use super::im2col::{col2im, im2col, im2col_nhwc_rows};
+use super::math::relu_in_place;
 use super::winograd::{self, Mode};
 use crate::bail;
 use crate::blas::{for_each_part, part_len, transpose_f32, GemmContext};
@@ -368,10 +369,9 @@ impl Conv {
         for (i, yp) in y.chunks_mut(per * img_out).enumerate() {
             parts.push((i * per, yp, plan.buffers()?));
         }
-        let first_error = parking_lot::Mutex::new(None);
-        for_each_part(parts, &|(first, yp, (mut col, mut tmp))| {
+        parts_until_error(parts, &|(first, yp, (mut col, mut tmp))| {
             for (k, yi) in yp.chunks_mut(img_out).enumerate() {
-                if let Err(e) = self.image(
+                self.image(
                     g,
                     &d,
                     &plan,
@@ -383,16 +383,10 @@ impl Conv {
                     yi,
                     &mut col,
                     &mut tmp,
-                ) {
-                    first_error.lock().get_or_insert(e);
-                    return;
-                }
+                )?;
             }
-        });
-        match first_error.into_inner() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+            Ok(())
+        })
     }
 
     /// [`Conv::forward_im2col`] for NHWC with one group, in parts of `rows` output rows of
@@ -418,43 +412,23 @@ impl Conv {
                 parts.push((img, k * rows, ys));
             }
         }
-        let first_error = parking_lot::Mutex::new(None);
-        for_each_part(parts, &|(img, oy0, ys)| {
+        parts_until_error(parts, &|(img, oy0, ys)| {
             let pixels = ys.len() / m;
-            let oys = oy0..oy0 + pixels / d.ow;
             let p0 = img * so + oy0 * d.ow;
             let col;
             let cols: &[f32] = if plan.direct {
                 // 1x1, stride 1, no padding: the pixels' rows of X are their column matrix.
                 &xs[p0 * kd..(p0 + pixels) * kd]
             } else {
-                let mut v = match try_vec(pixels * kd, 0f32, "the column buffer") {
-                    Ok(v) => v,
-                    Err(e) => {
-                        first_error.lock().get_or_insert(e);
-                        return;
-                    }
-                };
-                im2col_nhwc_rows(g, d, xs, img, 0, oys, &mut v);
+                let mut v = try_vec(pixels * kd, 0f32, "the column buffer")?;
+                im2col_nhwc_rows(g, d, xs, img, 0, oy0..oy0 + pixels / d.ow, &mut v);
                 col = v;
                 &col
             };
             gemm.sgemm(false, true, pixels, m, kd, 1.0, cols, ws, 0.0, ys);
-            if let Some(b) = bias {
-                for row in ys.chunks_mut(m) {
-                    for (v, &bv) in row.iter_mut().zip(b) {
-                        *v += bv;
-                    }
-                }
-            }
-            if self.relu {
-                relu_in_place(ys);
-            }
-        });
-        match first_error.into_inner() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+            self.finish(Order::Nhwc, so, bias, ys);
+            Ok(())
+        })
     }
 
     /// Y of one image: per group, the column matrix (unless the input is one already) times
@@ -531,17 +505,24 @@ impl Conv {
                 }
             }
         }
+        self.finish(g.order, so, bias, yi);
+        Ok(())
+    }
+
+    /// Adds the bias to `y` (whole NCHW planes of `so` values, or whole NHWC pixels of
+    /// `bias.len()` channels), then applies the fused Relu.
+    fn finish(&self, order: Order, so: usize, bias: Option<&[f32]>, y: &mut [f32]) {
         if let Some(b) = bias {
-            match g.order {
+            match order {
                 Order::Nchw => {
-                    for (row, &bv) in yi.chunks_mut(so).zip(b) {
+                    for (row, &bv) in y.chunks_mut(so).zip(b) {
                         for v in row {
                             *v += bv;
                         }
                     }
                 }
                 Order::Nhwc => {
-                    for row in yi.chunks_mut(d.m) {
+                    for row in y.chunks_mut(b.len().max(1)) {
                         for (v, &bv) in row.iter_mut().zip(b) {
                             *v += bv;
                         }
@@ -550,9 +531,8 @@ impl Conv {
             }
         }
         if self.relu {
-            relu_in_place(yi);
+            relu_in_place(y);
         }
-        Ok(())
     }
 
     /// Inputs (X, W, dY); outputs (dW, db, dX) or, with no_bias, (dW, dX); dX optional.
@@ -744,10 +724,18 @@ impl Operator for Conv {
     }
 }
 
-/// Relu as the op computes it: `v > 0 ? v : 0` (NaN gives 0, as there).
-fn relu_in_place(y: &mut [f32]) {
-    for v in y {
-        *v = if *v > 0.0 { *v } else { 0.0 };
+/// Runs `f` on each part, shared out like [`for_each_part`]; the first error any part returns
+/// (a part stops at its own error, the others run on).
+fn parts_until_error<T: Send>(parts: Vec<T>, f: &(dyn Fn(T) -> Result<()> + Sync)) -> Result<()> {
+    let first_error = parking_lot::Mutex::new(None);
+    for_each_part(parts, &|part| {
+        if let Err(e) = f(part) {
+            first_error.lock().get_or_insert(e);
+        }
+    });
+    match first_error.into_inner() {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 

@@ -576,9 +576,7 @@ impl ConvNd {
                 }
             }
             if self.relu {
-                for v in yi.iter_mut() {
-                    *v = if *v > 0.0 { *v } else { 0.0 };
-                }
+                super::math::relu_in_place(yi);
             }
         }
         Ok(())

@@ -96,10 +96,8 @@ impl Fc {
         let y = outs.tensor(0)?.ensure::<f32>(&y_dims);
         gemm.sgemm_bias(false, !self.transposed, m, n, k, xs, ws, bs, y);
         if self.relu {
-            // Over Y while it is in cache (as the Relu op computes it; NaN gives 0).
-            for v in y.iter_mut() {
-                *v = if *v > 0.0 { *v } else { 0.0 };
-            }
+            // Over Y while it is in cache.
+            super::math::relu_in_place(y);
         }
         Ok(())
     }

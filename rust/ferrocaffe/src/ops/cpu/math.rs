@@ -144,6 +144,25 @@ fn sigmoid_slice(x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// Relu as the Relu op computes it on f32: `v > 0 ? v : 0` (a NaN gives 0). The ops that apply
+/// an in-place Relu folded into them ([`crate::ops::operator::Operator::fuse_relu`]) use this,
+/// so a net gives the bits of the two ops run one after the other.
+#[inline(always)]
+pub(crate) fn relu(v: f32) -> f32 {
+    if v > 0.0 {
+        v
+    } else {
+        0.0
+    }
+}
+
+/// [`relu`] over `y`, in place.
+pub(crate) fn relu_in_place(y: &mut [f32]) {
+    for v in y {
+        *v = relu(*v);
+    }
+}
+
 /// Per-type arithmetic (integers wrap and divide by zero to 0 instead of trapping).
 pub trait Arithmetic: Element + PartialOrd {
     /// a + b

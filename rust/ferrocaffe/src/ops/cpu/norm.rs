@@ -336,13 +336,13 @@ fn create_bn(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operator>> {
     }))
 }
 
-/// Relu as the Relu op computes it: `v > 0 ? v : 0` (NaN gives 0), applied when `on`.
+/// [`super::math::relu`] of `v` when `on`, else `v`.
 #[inline(always)]
 fn relu_if(on: bool, v: f32) -> f32 {
-    if !on || v > 0.0 {
-        v
+    if on {
+        super::math::relu(v)
     } else {
-        0.0
+        v
     }
 }
 
