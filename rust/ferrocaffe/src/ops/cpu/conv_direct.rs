@@ -22,6 +22,7 @@
 use super::conv::Dims;
 use super::conv_args::{Geometry, Order};
 use super::depthwise;
+use super::math::relu;
 use super::par::{macs_part_len, SharedOut};
 use crate::blas::{for_each_part, part_len};
 use crate::error::{try_vec, Error, Result};
@@ -155,8 +156,9 @@ impl Layout {
 
 /// Image `img`'s phase planes into `out` (`lay.image` floats): every float written. Each
 /// input row is laid out once as a padded row in `row` (zeros, then its values from column
-/// `pl`), whose columns `pc, pc + sw, ...` are then row `R` of phase plane `(pr, pc)`. Compiled
-/// per SIMD level (the split of stride 2 vectorizes).
+/// `pl`), whose columns `pc, pc + sw, ...` are then row `R` of phase plane `(pr, pc)`; at
+/// column stride 1 the padded row is written straight into its plane. Compiled per SIMD level
+/// (the split of stride 2 vectorizes).
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
     "x86_64+avx2+fma",
@@ -191,20 +193,27 @@ fn fill_phases(
                     }
                     continue;
                 };
-                let inside = &mut row[pl.min(wq * sw)..][..cols];
-                match g.order {
-                    Order::Nchw => {
-                        inside.copy_from_slice(&image[(ch * h + ih) * w..][..cols]);
-                    }
+                // Input row `ih` of channel `ch` into `inside` (`cols` values).
+                let fetch = |inside: &mut [f32]| match g.order {
+                    Order::Nchw => inside.copy_from_slice(&image[(ch * h + ih) * w..][..cols]),
                     Order::Nhwc => {
                         let src = &image[ih * w * c + ch..];
                         for (v, px) in inside.iter_mut().zip(src.chunks(c)) {
                             *v = px[0];
                         }
                     }
+                };
+                let at = pl.min(wq * sw);
+                if sw == 1 {
+                    // The padded row is the phase row: written in place.
+                    let out = &mut planes[dst(0)..dst(0) + wq];
+                    out[..at].fill(0.0);
+                    fetch(&mut out[at..at + cols]);
+                    out[at + cols..].fill(0.0);
+                    continue;
                 }
+                fetch(&mut row[at..at + cols]);
                 match sw {
-                    1 => planes[dst(0)..dst(0) + wq].copy_from_slice(row),
                     2 => {
                         let (p0, p1) = planes[dst(0)..dst(1) + wq].split_at_mut(lay.plane);
                         for ((a, b), pair) in p0[..wq]
@@ -227,15 +236,6 @@ fn fill_phases(
                 }
             }
         }
-    }
-}
-
-#[inline(always)]
-fn relu(v: f32) -> f32 {
-    if v > 0.0 {
-        v
-    } else {
-        0.0
     }
 }
 
@@ -642,8 +642,15 @@ mod tests {
             (1, 1, 4, 40, 1, 1, (2, 2), [1, 1], [0, 0, 0, 0], [1, 1]),
         ];
         for (n, c, h, w, m, group, (kh, kw), stride, pad, dilation) in cases {
-            let oh = (h + pad[0] + pad[2] - (dilation[0] * (kh - 1) + 1)) / stride[0] + 1;
-            let ow = (w + pad[1] + pad[3] - (dilation[1] * (kw - 1) + 1)) / stride[1] + 1;
+            let mut g = Geometry {
+                kernel: [kh, kw],
+                stride,
+                pad,
+                dilation,
+                order: Order::Nchw,
+                global: false,
+            };
+            let (oh, ow) = g.out_size(h, w, kh, kw).unwrap();
             let d = Dims {
                 n,
                 c,
@@ -660,14 +667,7 @@ mod tests {
             let wt = values(m * (c / group) * kh * kw, 2);
             let b = values(m, 3);
             for relu in [false, true] {
-                let mut g = Geometry {
-                    kernel: [kh, kw],
-                    stride,
-                    pad,
-                    dilation,
-                    order: Order::Nchw,
-                    global: false,
-                };
+                g.order = Order::Nchw;
                 let want = reference(&g, &d, &x, &wt, Some(&b));
                 let want: Vec<f64> = want
                     .into_iter()
