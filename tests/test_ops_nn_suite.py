@@ -23,12 +23,24 @@ def run(op_type, inputs, outputs, **kw):
     return [workspace.FetchBlob(o) for o in outputs]
 
 
-def run_conv_in(order, x, wt, b, **args):
+def run_conv_in(order, x, wt, b, relu=False, **args):
     """Conv of NCHW ``x`` and ``wt`` (and bias ``b`` unless None) run in ``order`` (inputs
-    converted to it), its output returned as NCHW."""
+    converted to it), its output returned as NCHW. With ``relu``, the Conv and an in-place
+    Relu run as one net, where the Relu is folded into the Conv."""
     xi, wi = (x, wt) if order == "NCHW" else (utils.NCHW2NHWC(x), utils.NCHW2NHWC(wt))
     ins = [np.ascontiguousarray(xi), np.ascontiguousarray(wi)] + ([] if b is None else [b])
-    (y,) = run("Conv", ins, ["Y"], order=order, **args)
+    if relu:
+        workspace.ResetWorkspace()
+        names = ["X", "W", "b"][: len(ins)]
+        for name, v in zip(names, ins, strict=True):
+            workspace.FeedBlob(name, v)
+        net = core.Net("conv_relu")
+        net.Conv(names, "Y", order=order, **args)
+        net.Relu("Y", "Y")
+        workspace.RunNetOnce(net)
+        y = workspace.FetchBlob("Y")
+    else:
+        (y,) = run("Conv", ins, ["Y"], order=order, **args)
     return utils.NHWC2NCHW(y) if order == "NHWC" else y
 
 
@@ -627,15 +639,10 @@ def test_nchw_conv_through_nhwc_matches_the_reference(case, bias, relu):
     want = ref_conv_nd(x, wt, b if bias else None, [s] * 2, [p] * 4, [d] * 2, 1)
     if relu:
         want = np.maximum(want, 0)
-    workspace.ResetWorkspace()
-    for name, v in (("X", x), ("W", wt), ("b", b)):
-        workspace.FeedBlob(name, v)
-    net = core.Net("conv_relu")
-    net.Conv(["X", "W"] + (["b"] if bias else []), "Y", kernel=k, stride=s, pad=p, dilation=d)
-    if relu:
-        net.Relu("Y", "Y")
-    workspace.RunNetOnce(net)
-    np.testing.assert_allclose(workspace.FetchBlob("Y"), want, rtol=1e-4, atol=1e-4)
+    y = run_conv_in(
+        "NCHW", x, wt, b if bias else None, relu=relu, kernel=k, stride=s, pad=p, dilation=d
+    )
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
 
 
 # Convolutions with at most 4 input or at most 4 output channels run on a direct kernel (the
@@ -677,14 +684,12 @@ def test_few_channel_conv_matches_the_reference(case, order, bias, relu):
     want = ref_conv_nd(x, wt, b if bias else None, list(stride), nd_pads, list(dil), 1)
     if relu:
         want = np.maximum(want, 0)
-    xi, wi = (x, wt) if order == "NCHW" else (utils.NCHW2NHWC(x), utils.NCHW2NHWC(wt))
-    workspace.ResetWorkspace()
-    for name, v in (("X", xi), ("W", wi), ("b", b)):
-        workspace.FeedBlob(name, np.ascontiguousarray(v))
-    net = core.Net("few_channels")
-    net.Conv(
-        ["X", "W"] + (["b"] if bias else []),
-        "Y",
+    y = run_conv_in(
+        order,
+        x,
+        wt,
+        b if bias else None,
+        relu=relu,
         kernel_h=kh,
         kernel_w=kw,
         stride_h=stride[0],
@@ -695,14 +700,7 @@ def test_few_channel_conv_matches_the_reference(case, order, bias, relu):
         pad_r=pads[3],
         dilation_h=dil[0],
         dilation_w=dil[1],
-        order=order,
     )
-    if relu:
-        net.Relu("Y", "Y")
-    workspace.RunNetOnce(net)
-    y = workspace.FetchBlob("Y")
-    if order == "NHWC":
-        y = utils.NHWC2NCHW(y)
     assert y.shape == want.shape
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
 
