@@ -147,7 +147,7 @@ def time_net(name: str, runs: int, trials: int) -> float:
     return min(medians)
 
 
-def ab_winograd(case: dict, runs: int, var: str = "FERROCAFFE_WINOGRAD") -> tuple[float, float]:
+def ab_env(case: dict, runs: int, var: str) -> tuple[float, float]:
     """Medians of interleaved runs of the predict net created with ``var=0`` (a kernel off)
     and without it (on)."""
     import os
@@ -290,12 +290,13 @@ def main() -> int:
         cases = [c for c in cases if any(w in c["name"] for w in wanted)]
     if args.ab_winograd or args.ab_blocked or args.ab_direct or args.ab_slices:
         if args.ab_winograd:
-            ab, (a_name, b_name) = ab_winograd, ("im2col", "winograd")
+            ab = functools.partial(ab_env, var="FERROCAFFE_WINOGRAD")
+            a_name, b_name = "im2col", "winograd"
         elif args.ab_slices:
-            ab = functools.partial(ab_winograd, var="FERROCAFFE_CONV_SLICES")
+            ab = functools.partial(ab_env, var="FERROCAFFE_CONV_SLICES")
             a_name, b_name = "per-image", "slices"
         elif args.ab_direct:
-            ab = functools.partial(ab_winograd, var="FERROCAFFE_DIRECT_CONV")
+            ab = functools.partial(ab_env, var="FERROCAFFE_DIRECT_CONV")
             a_name, b_name = "im2col", "direct"
         else:
             ab, (a_name, b_name) = ab_blocked, ("gemm-crate", "blocked")
