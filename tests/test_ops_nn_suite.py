@@ -765,6 +765,82 @@ def test_2d_pooling_of_an_input_without_pixels_gives_empty_windows(order, spatia
         assert np.all(y == value)
 
 
+def _pool_reference(x, kernel, stride, pads, op_type, include_pad):
+    """NCHW pooling from the definition, in float64: windows clipped to the input (and to the
+    padded input for ``count_include_pad``); an empty window gives -inf (max) or 0."""
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = kernel, stride, pads
+    oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+    y = np.zeros((n, c, oh, ow))
+    for oy in range(oh):
+        for ox in range(ow):
+            y0, x0 = oy * sh - pt, ox * sw - pl
+            y1, x1 = min(y0 + kh, h + pb), min(x0 + kw, w + pr)
+            win = x[:, :, max(y0, 0) : min(y1, h), max(x0, 0) : min(x1, w)].astype(np.float64)
+            if op_type == "MaxPool":
+                y[:, :, oy, ox] = win.max(axis=(2, 3)) if win.size else -np.inf
+            else:
+                cnt = (y1 - y0) * (x1 - x0) if include_pad else win.shape[2] * win.shape[3]
+                with np.errstate(invalid="ignore"):  # inf - inf: NaN, as the op gives
+                    y[:, :, oy, ox] = win.sum(axis=(2, 3)) / max(cnt, 1)
+    return y
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize(
+    ("shape", "kernel", "stride", "pads"),
+    [
+        ((8, 32, 15, 15), (3, 3), (2, 2), (0, 0, 0, 0)),  # squeezenet's
+        ((8, 16, 32, 32), (3, 3), (2, 2), (0, 0, 0, 0)),  # googlenet's first: rows of 32
+        ((2, 20, 24, 24), (2, 2), (2, 2), (0, 0, 0, 0)),  # lenet's: rows of 24
+        ((2, 48, 7, 7), (3, 3), (1, 1), (1, 1, 1, 1)),  # stride 1, padded
+        ((3, 5, 9, 17), (2, 4), (3, 2), (1, 2, 0, 3)),  # uneven windows and pads
+        ((1, 3, 6, 33), (3, 3), (2, 2), (1, 1, 1, 1)),  # rows too long for one plane vector
+        ((1, 3, 5, 40), (2, 2), (2, 2), (0, 0, 0, 0)),  # 20 output columns
+        ((2, 4, 8, 2), (2, 2), (1, 1), (0, 0, 0, 0)),  # one output column
+    ],
+)
+def test_nchw_pooling_gives_the_bits_of_nhwc_and_the_definition(
+    op_type, shape, kernel, stride, pads
+):
+    # NCHW planes run on their own kernel where the CPU has AVX-512 (lane = output column) and
+    # through NHWC elsewhere; either way each output folds its window row by row, left to
+    # right, as the NHWC kernel does: the same bits in both orders. NaN (never the max),
+    # signed zeros (the first of equal maxima stays) and infinities included.
+    rng = np.random.default_rng(sum(shape) + kernel[1] + stride[0])
+    x = rng.standard_normal(shape).astype(f32)
+    flat = x.reshape(-1)
+    specials = np.array([np.nan, 0.0, -0.0, np.inf, -np.inf], f32)
+    at = rng.choice(flat.size, size=max(flat.size // 50, 5), replace=False)
+    flat[at] = specials[np.arange(at.size) % specials.size]
+    for include_pad in (False, True):
+        args = dict(
+            kernel_h=kernel[0],
+            kernel_w=kernel[1],
+            stride_h=stride[0],
+            stride_w=stride[1],
+            pad_t=pads[0],
+            pad_l=pads[1],
+            pad_b=pads[2],
+            pad_r=pads[3],
+            count_include_pad=int(include_pad),
+        )
+        (nchw,) = run(op_type, [x], ["Y"], order="NCHW", **args)
+        (nhwc,) = run(
+            op_type, [np.ascontiguousarray(utils.NCHW2NHWC(x))], ["Y"], order="NHWC", **args
+        )
+        nhwc = utils.NHWC2NCHW(nhwc)
+        assert nchw.tobytes() == np.ascontiguousarray(nhwc).tobytes()
+        if op_type == "MaxPool":
+            # The reference's max propagates NaN; the op skips it.
+            clean = np.where(np.isnan(x), -np.inf, x)
+            want = _pool_reference(clean, kernel, stride, pads, op_type, include_pad)
+            np.testing.assert_array_equal(nchw, want.astype(f32))
+        else:
+            want = _pool_reference(x, kernel, stride, pads, op_type, include_pad)
+            np.testing.assert_allclose(nchw, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("order", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("n", [1, 8])
 def test_conv_transpose_matches_the_reference_with_images_shared_out(order, n):

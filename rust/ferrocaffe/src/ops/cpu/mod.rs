@@ -117,6 +117,8 @@ pub mod padding;
 pub(crate) mod par;
 pub mod pool;
 mod pool_fwd;
+#[cfg(target_arch = "x86_64")]
+mod pool_planes;
 pub mod queue;
 pub mod reduce;
 pub mod reduce_front_back;

@@ -11,6 +11,8 @@ use super::conv_args::{Geometry, Order};
 use super::conv_nd::{Dispatch, NdGeometry, PoolKind, PoolNd};
 use super::par::for_each_chunk;
 use super::pool_fwd;
+#[cfg(target_arch = "x86_64")]
+use super::pool_planes;
 use crate::bail;
 use crate::blas::for_each_part;
 use crate::error::Result;
@@ -297,7 +299,9 @@ impl Operator for Pool {
                     .map(|(i, part)| (i * per, part))
                     .collect();
                 for_each_part(parts, &|(first, part)| {
-                    pool_fwd::nchw_through_nhwc(&g, c, xs, first, part)
+                    if !on_planes(&g, xs, first, part) {
+                        pool_fwd::nchw_through_nhwc(&g, c, xs, first, part);
+                    }
                 });
             }
             return Ok(());
@@ -330,6 +334,22 @@ impl Operator for Pool {
         }
         Ok(())
     }
+}
+
+/// Pools NCHW planes `first..` into `y` on the plane kernel ([`pool_planes`]: x86-64 with
+/// AVX-512F, the geometries it takes); false, with nothing written, where it does not run.
+#[cfg(target_arch = "x86_64")]
+fn on_planes(g: &pool_fwd::Geo<'_>, x: &[f32], first: usize, y: &mut [f32]) -> bool {
+    let fits = pool_planes::fits(g);
+    if fits {
+        pool_planes::run(g, x, first, y);
+    }
+    fits
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn on_planes(_: &pool_fwd::Geo<'_>, _: &[f32], _: usize, _: &mut [f32]) -> bool {
+    false
 }
 
 /// A 4-d input with a 2-d geometry runs on [`Pool`], any other on [`PoolNd`].
