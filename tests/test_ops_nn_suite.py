@@ -794,6 +794,8 @@ def _pool_reference(x, kernel, stride, pads, op_type, include_pad):
         ((8, 16, 32, 32), (3, 3), (2, 2), (0, 0, 0, 0)),  # googlenet's first: rows of 32
         ((2, 20, 24, 24), (2, 2), (2, 2), (0, 0, 0, 0)),  # lenet's: rows of 24
         ((2, 48, 7, 7), (3, 3), (1, 1), (1, 1, 1, 1)),  # stride 1, padded
+        ((2, 6, 10, 16), (3, 3), (1, 1), (1, 1, 1, 1)),  # rows of 16, 16 output columns
+        ((8, 8, 16, 16), (2, 2), (2, 2), (0, 0, 0, 0)),  # layout_ops's
         ((3, 5, 9, 17), (2, 4), (3, 2), (1, 2, 0, 3)),  # uneven windows and pads
         ((1, 3, 6, 33), (3, 3), (2, 2), (1, 1, 1, 1)),  # rows too long for one plane vector
         ((1, 3, 5, 40), (2, 2), (2, 2), (0, 0, 0, 0)),  # 20 output columns
@@ -803,8 +805,8 @@ def _pool_reference(x, kernel, stride, pads, op_type, include_pad):
 def test_nchw_pooling_gives_the_bits_of_nhwc_and_the_definition(
     op_type, shape, kernel, stride, pads
 ):
-    # NCHW planes run on their own kernel where the CPU has AVX-512 (lane = output column) and
-    # through NHWC elsewhere; either way each output folds its window row by row, left to
+    # NCHW planes 16 to 32 wide run on their own kernel where the CPU has AVX-512 (lane =
+    # output column), others through NHWC; either way each output folds its window row by row, left to
     # right, as the NHWC kernel does: the same bits in both orders. NaN (never the max),
     # signed zeros (the first of equal maxima stays) and infinities included.
     rng = np.random.default_rng(sum(shape) + kernel[1] + stride[0])

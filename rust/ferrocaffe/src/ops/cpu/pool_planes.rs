@@ -1,6 +1,5 @@
-//! NCHW pooling one plane at a time on AVX-512F, for planes at most 32 wide with at most 16
-//! output columns (every pooling layer of the corpus's NCHW models): an output row is one
-//! 16-lane vector, lane `ox` its output column.
+//! NCHW pooling one plane at a time on AVX-512F, for planes 16 to 32 wide with at most 16
+//! output columns: an output row is one 16-lane vector, lane `ox` its output column.
 //!
 //! The input rows of the row's window are loaded whole (one or two masked vectors), and each
 //! window column `j` is brought under the output lanes by a permute (lane `ox` takes column
@@ -9,9 +8,12 @@
 //! both give the same bits (a NaN never wins a max; sums add row by row, left to right; a lane
 //! whose window has fewer columns skips the missing taps).
 //!
-//! Transposing the planes to NHWC and back, the other way to vectorize NCHW, costs two passes
-//! of shuffles over the data: on a Xeon (AVX-512) they took ~60% of a MaxPool of
-//! `8x32x15x15`, which this runs 4x faster (see [`fits`]).
+//! The other way to vectorize NCHW, transposing the planes to NHWC and back, costs two passes
+//! of shuffles over the data. Measured one op at a time on one core of a Xeon (AVX-512),
+//! against that path: `8x16x32x32` 3x3 stride 2 took 64 -> 18-36 us, `8x8x16x16` 2x2 stride 2
+//! 7.4 -> 3.8 us; but planes narrower than 16 lost (`8x32x15x15` 3x3 stride 2: 17.8 -> 19.6 us,
+//! 7x7 planes 1.7-2.3x slower): there the transposes are short, and each tap's permute and mask
+//! move share one port, so those stay on the NHWC path ([`fits`]).
 
 use std::arch::x86_64::*;
 
@@ -21,12 +23,13 @@ use super::pool_fwd::{divisor, Geo};
 /// Lanes of a vector: the most output columns.
 const LANES: usize = 16;
 
-/// Whether planes of this geometry run here: AVX-512F, a plane with pixels, input rows of at
-/// most 32 values and at least 2 (but at most 16) output columns. A single output column (global pooling) would
-/// use one lane of each vector; the NHWC path folds 16 planes at once there.
+/// Whether planes of this geometry run here: AVX-512F, a plane with pixels, input rows of 16
+/// to 32 values (narrower ones measured faster through NHWC, see the module docs) and 2 to 16
+/// output columns (a single one, global pooling, would use one lane of each vector; the NHWC
+/// path folds 16 planes at once there).
 pub(crate) fn fits(g: &Geo<'_>) -> bool {
     g.h > 0
-        && (1..=2 * LANES).contains(&g.w)
+        && (LANES..=2 * LANES).contains(&g.w)
         && (2..=LANES).contains(&g.ow)
         && g.cols.len() == g.ow
         && std::arch::is_x86_feature_detected!("avx512f")
@@ -129,11 +132,6 @@ unsafe fn plane<const MAX: bool>(
     let (lo_mask, hi_mask) = (lanes(w), lanes(w.saturating_sub(LANES)));
     let wide = w > LANES;
     let out_mask = lanes(ow);
-    let idx: Vec<__m512i> = taps
-        .iter()
-        // SAFETY: reads 16 i32 from an array of 16.
-        .map(|t| unsafe { _mm512_loadu_si512(t.idx.as_ptr().cast()) })
-        .collect();
     let start = if MAX {
         _mm512_set1_ps(f32::NEG_INFINITY)
     } else {
@@ -154,7 +152,9 @@ unsafe fn plane<const MAX: bool>(
                 };
                 (lo, hi)
             };
-            for (t, &ix) in taps.iter().zip(&idx) {
+            for t in taps {
+                // SAFETY: reads 16 i32 from an array of 16.
+                let ix = unsafe { _mm512_loadu_si512(t.idx.as_ptr().cast()) };
                 let v = if wide {
                     _mm512_permutex2var_ps(lo, ix, hi)
                 } else {
