@@ -39,6 +39,17 @@ mod small;
 #[cfg(target_arch = "x86_64")]
 mod transpose;
 
+/// The AVX-512 mask of lanes `0..n`: all 16 from `n = 16` on. Masked loads and stores of the
+/// kernels' row tails (products, pooling) take it.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn mask16(n: usize) -> std::arch::x86_64::__mmask16 {
+    if n >= 16 {
+        0xFFFF
+    } else {
+        ((1u32 << n) - 1) as std::arch::x86_64::__mmask16
+    }
+}
+
 /// `cblas_sgemm`'s C signature (row/column order, transposes, sizes, leading dimensions),
 /// generic over the integer width: `c_int` for LP64 builds, `i64` for ILP64 builds (the
 /// `*64_` symbols of the OpenBLAS that numpy bundles).

@@ -85,7 +85,7 @@ pub(super) unsafe fn tile<const PACKED: bool>(
         for (h, v) in row.iter().enumerate() {
             let lanes = cols.saturating_sub(NR * h).min(NR);
             // Lanes `0..lanes` (`lanes <= 16`); masked lanes are neither read nor written.
-            let mask: __mmask16 = ((1u32 << lanes) - 1) as __mmask16;
+            let mask = crate::blas::mask16(lanes);
             // SAFETY: the lanes of `mask` lie inside the block (and the bias), as the caller
             // says; masked loads and stores touch no other lane.
             unsafe {

@@ -4,6 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::{tile_scalar, Tile};
+use crate::blas::mask16;
 
 /// Runs the kernel instantiated for `rows` rows and `v` vectors.
 ///
@@ -22,15 +23,6 @@ pub(super) unsafe fn dispatch(rows: usize, v: usize, t: &Tile) {
     }
 }
 
-/// Lanes `0..n` (at most 16) set.
-fn lanes(n: usize) -> __mmask16 {
-    if n >= 16 {
-        0xFFFF
-    } else {
-        ((1u32 << n) - 1) as __mmask16
-    }
-}
-
 /// The `R x (16 V)` kernel (columns past `t.cols` masked off).
 ///
 /// # Safety
@@ -39,7 +31,7 @@ fn lanes(n: usize) -> __mmask16 {
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::needless_range_loop)] // R x V register tiles read clearer indexed
 unsafe fn tile<const R: usize, const V: usize>(t: &Tile) {
-    let masks: [__mmask16; V] = std::array::from_fn(|v| lanes(t.cols.saturating_sub(16 * v)));
+    let masks: [__mmask16; V] = std::array::from_fn(|v| mask16(t.cols.saturating_sub(16 * v)));
     let mut acc = [[_mm512_setzero_ps(); V]; R];
     // SAFETY (loads): in bounds by the caller's contract; masked-off lanes are not read.
     unsafe {
@@ -96,7 +88,7 @@ unsafe fn tile<const R: usize, const V: usize>(t: &Tile) {
             }
             debug_assert_eq!(t.c.rs, 1);
             let base = buf.as_ptr().cast::<f32>();
-            let row_mask = lanes(R);
+            let row_mask = mask16(R);
             let bias = if t.bias.is_null() {
                 None
             } else {
