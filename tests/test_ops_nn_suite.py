@@ -23,6 +23,21 @@ def run(op_type, inputs, outputs, **kw):
     return [workspace.FetchBlob(o) for o in outputs]
 
 
+def window_args(kernel, stride, pads):
+    """The 2-d window arguments of a Conv or pooling op: ``kernel`` and ``stride`` as (h, w),
+    ``pads`` as (top, left, bottom, right)."""
+    return dict(
+        kernel_h=kernel[0],
+        kernel_w=kernel[1],
+        stride_h=stride[0],
+        stride_w=stride[1],
+        pad_t=pads[0],
+        pad_l=pads[1],
+        pad_b=pads[2],
+        pad_r=pads[3],
+    )
+
+
 def run_conv_in(order, x, wt, b, relu=False, **args):
     """Conv of NCHW ``x`` and ``wt`` (and bias ``b`` unless None) run in ``order`` (inputs
     converted to it), its output returned as NCHW. With ``relu``, the Conv and an in-place
@@ -690,14 +705,7 @@ def test_few_channel_conv_matches_the_reference(case, order, bias, relu):
         wt,
         b if bias else None,
         relu=relu,
-        kernel_h=kh,
-        kernel_w=kw,
-        stride_h=stride[0],
-        stride_w=stride[1],
-        pad_t=pads[0],
-        pad_l=pads[1],
-        pad_b=pads[2],
-        pad_r=pads[3],
+        **window_args((kh, kw), stride, pads),
         dilation_h=dil[0],
         dilation_w=dil[1],
     )
@@ -816,17 +824,7 @@ def test_nchw_pooling_gives_the_bits_of_nhwc_and_the_definition(
     at = rng.choice(flat.size, size=max(flat.size // 50, 5), replace=False)
     flat[at] = specials[np.arange(at.size) % specials.size]
     for include_pad in (False, True):
-        args = dict(
-            kernel_h=kernel[0],
-            kernel_w=kernel[1],
-            stride_h=stride[0],
-            stride_w=stride[1],
-            pad_t=pads[0],
-            pad_l=pads[1],
-            pad_b=pads[2],
-            pad_r=pads[3],
-            count_include_pad=int(include_pad),
-        )
+        args = dict(window_args(kernel, stride, pads), count_include_pad=int(include_pad))
         (nchw,) = run(op_type, [x], ["Y"], order="NCHW", **args)
         (nhwc,) = run(
             op_type, [np.ascontiguousarray(utils.NCHW2NHWC(x))], ["Y"], order="NHWC", **args

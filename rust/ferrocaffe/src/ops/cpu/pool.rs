@@ -340,11 +340,7 @@ impl Operator for Pool {
 /// AVX-512F, the geometries it takes); false, with nothing written, where it does not run.
 #[cfg(target_arch = "x86_64")]
 fn on_planes(g: &pool_fwd::Geo<'_>, x: &[f32], first: usize, y: &mut [f32]) -> bool {
-    let fits = pool_planes::fits(g);
-    if fits {
-        pool_planes::run(g, x, first, y);
-    }
-    fits
+    pool_planes::run(g, x, first, y)
 }
 
 #[cfg(not(target_arch = "x86_64"))]

@@ -19,6 +19,7 @@ use std::arch::x86_64::*;
 
 use super::pool::Win;
 use super::pool_fwd::{divisor, Geo};
+use crate::blas::mask16;
 
 /// Lanes of a vector: the most output columns.
 const LANES: usize = 16;
@@ -27,21 +28,12 @@ const LANES: usize = 16;
 /// to 32 values (narrower ones measured faster through NHWC, see the module docs) and 2 to 16
 /// output columns (a single one, global pooling, would use one lane of each vector; the NHWC
 /// path folds 16 planes at once there).
-pub(crate) fn fits(g: &Geo<'_>) -> bool {
+fn fits(g: &Geo<'_>) -> bool {
     g.h > 0
         && (LANES..=2 * LANES).contains(&g.w)
         && (2..=LANES).contains(&g.ow)
         && g.cols.len() == g.ow
         && std::arch::is_x86_feature_detected!("avx512f")
-}
-
-/// Lanes `0..n` (at most 16) set.
-fn lanes(n: usize) -> __mmask16 {
-    if n >= LANES {
-        0xFFFF
-    } else {
-        ((1u32 << n) - 1) as __mmask16
-    }
 }
 
 /// Window column `j` of every output column: the input column each lane reads and the lanes
@@ -72,15 +64,15 @@ fn taps(cols: &[Win]) -> Vec<Tap> {
         .collect()
 }
 
-/// Pools planes `first..` of `x` (NCHW, whole `h x w` planes) into `y` (whole output planes).
+/// Pools planes `first..` of `x` (NCHW, whole `h x w` planes) into `y` (whole output planes)
+/// where [`fits`] takes the geometry; false, with nothing written, where it does not.
 ///
 /// # Panics
-/// When `fits(g)` is false, or `x` lacks a plane `y` asks for.
-pub(crate) fn run(g: &Geo<'_>, x: &[f32], first: usize, y: &mut [f32]) {
-    assert!(
-        fits(g),
-        "the NCHW plane kernel was given a geometry it does not take"
-    );
+/// When `x` lacks a plane `y` asks for.
+pub(crate) fn run(g: &Geo<'_>, x: &[f32], first: usize, y: &mut [f32]) -> bool {
+    if !fits(g) {
+        return false;
+    }
     let (hw, ohw) = (g.h * g.w, g.oh * g.ow);
     let planes = y.len() / ohw.max(1);
     let x = &x[first * hw..(first + planes) * hw];
@@ -113,6 +105,7 @@ pub(crate) fn run(g: &Geo<'_>, x: &[f32], first: usize, y: &mut [f32]) {
             }
         }
     }
+    true
 }
 
 /// One plane: `xp` is `h x w`, `yp` is `oh x ow`.
@@ -129,9 +122,9 @@ unsafe fn plane<const MAX: bool>(
     yp: &mut [f32],
 ) {
     let (w, ow) = (g.w, g.ow);
-    let (lo_mask, hi_mask) = (lanes(w), lanes(w.saturating_sub(LANES)));
+    let (lo_mask, hi_mask) = (mask16(w), mask16(w.saturating_sub(LANES)));
     let wide = w > LANES;
-    let out_mask = lanes(ow);
+    let out_mask = mask16(ow);
     let start = if MAX {
         _mm512_set1_ps(f32::NEG_INFINITY)
     } else {
