@@ -3,15 +3,16 @@
 //!
 //! The input rows of the row's window are loaded whole (one or two masked vectors), and each
 //! window column `j` is brought under the output lanes by a permute (lane `ox` takes column
-//! `cols[ox].start + j`), masked to the lanes whose window reaches that far. The taps are
-//! folded in the window's row-major order, as [`super::pool_fwd`]'s NHWC kernel folds them, so
-//! both give the same bits (a NaN never wins a max; sums add row by row, left to right; a lane
-//! whose window has fewer columns skips the missing taps).
+//! `cols[ox].start + j`). The taps are folded in the window's row-major order, as
+//! [`super::pool_fwd`]'s NHWC kernel folds them, so both give the same bits: a NaN never wins a
+//! max, and of equal maxima the first stays (each window row is folded on its own, then into
+//! the rows before it, which keeps that order); sums add row by row, left to right, a lane
+//! whose window has fewer columns skipping the missing taps (masked adds).
 //!
 //! The other way to vectorize NCHW, transposing the planes to NHWC and back, costs two passes
 //! of shuffles over the data. Measured one op at a time on one core of a Xeon (AVX-512),
-//! against that path: `8x16x32x32` 3x3 stride 2 took 64 -> 18-36 us, `8x8x16x16` 2x2 stride 2
-//! 7.4 -> 3.8 us; but planes narrower than 16 lost (`8x32x15x15` 3x3 stride 2: 17.8 -> 19.6 us,
+//! against that path: `8x16x32x32` 3x3 stride 2 took 64 -> 24-28 us, `8x8x16x16` 2x2 stride 2
+//! 7.4 -> 3.2 us; but planes narrower than 16 lost (`8x32x15x15` 3x3 stride 2: 17.8 -> 19.6 us,
 //! 7x7 planes 1.7-2.3x slower): there the transposes are short, and each tap's permute and mask
 //! move share one port, so those stay on the NHWC path ([`fits`]).
 
@@ -27,12 +28,14 @@ const LANES: usize = 16;
 /// Whether planes of this geometry run here: AVX-512F, a plane with pixels, input rows of 16
 /// to 32 values (narrower ones measured faster through NHWC, see the module docs) and 2 to 16
 /// output columns (a single one, global pooling, would use one lane of each vector; the NHWC
-/// path folds 16 planes at once there).
+/// path folds 16 planes at once there), and no column window wholly in the padding (a lane
+/// past its window's end rereads the window's first column).
 fn fits(g: &Geo<'_>) -> bool {
     g.h > 0
         && (LANES..=2 * LANES).contains(&g.w)
         && (2..=LANES).contains(&g.ow)
         && g.cols.len() == g.ow
+        && g.cols.iter().all(|c| c.start < c.end)
         && std::arch::is_x86_feature_detected!("avx512f")
 }
 
@@ -53,10 +56,13 @@ fn taps(cols: &[Win]) -> Vec<Tap> {
                 mask: 0,
             };
             for (ox, c) in cols.iter().enumerate() {
+                // < w <= 32: fits an i32 and a permute index. A lane past its window's end
+                // reads the window's first column (for a max, a tap already folded).
                 if c.start + j < c.end {
-                    // < w <= 32: fits an i32 and a permute index.
                     t.idx[ox] = (c.start + j) as i32;
                     t.mask |= 1 << ox;
+                } else {
+                    t.idx[ox] = c.start as i32;
                 }
             }
             t
@@ -145,6 +151,10 @@ unsafe fn plane<const MAX: bool>(
                 };
                 (lo, hi)
             };
+            // A max folds the row into its own accumulator, then that into `acc`: `r > acc ?
+            // r : acc` keeps the earlier of equal maxima, as folding tap by tap would, and the
+            // rows' chains run side by side.
+            let mut racc = start;
             for t in taps {
                 // SAFETY: reads 16 i32 from an array of 16.
                 let ix = unsafe { _mm512_loadu_si512(t.idx.as_ptr().cast()) };
@@ -153,13 +163,17 @@ unsafe fn plane<const MAX: bool>(
                 } else {
                     _mm512_permutexvar_ps(ix, lo)
                 };
-                acc = if MAX {
-                    // Lanes of the tap: `v > acc ? v : acc` (vmaxps returns its second
-                    // operand when either is a NaN); the others keep `acc`.
-                    _mm512_mask_max_ps(acc, t.mask, v, acc)
+                if MAX {
+                    // `v > racc ? v : racc` (vmaxps returns its second operand when either is
+                    // a NaN). Unmasked: a lane past its window's end reads the window's first
+                    // column again ([`taps`]), which cannot change its max.
+                    racc = _mm512_max_ps(v, racc);
                 } else {
-                    _mm512_mask_add_ps(acc, t.mask, acc, v)
-                };
+                    acc = _mm512_mask_add_ps(acc, t.mask, acc, v);
+                }
+            }
+            if MAX {
+                acc = _mm512_max_ps(racc, acc);
             }
         }
         if !MAX {
