@@ -320,3 +320,43 @@ def test_softmax_of_minus_infinity_is_zero_and_nan_propagates():
     np.testing.assert_allclose(y[0], [e[0] / e.sum(), 0.0, e[1] / e.sum(), 0.0], rtol=1e-6)
     assert y[0, 1] == 0.0 and y[0, 3] == 0.0
     assert np.isnan(y[1]).all()
+
+
+# Element-wise ops on large inputs cut their values in parts shared out to the team of
+# compute threads (from about 16k values). Each value is computed alone, so a large input
+# must give the bits of the same op run on small pieces of it (which run in one part), in
+# place and not, with every value written once: NaN and infinities included.
+LARGE = 200_003  # odd: the parts and the 32-value blocks of Sum end unevenly
+
+
+def _large(seed):
+    x = np.random.default_rng(seed).standard_normal(LARGE).astype(np.float32) * 4
+    x[::997] = np.nan
+    x[5::1009] = np.inf
+    x[7::1013] = -np.inf
+    return x
+
+
+def _by_pieces(op_type, xs, piece=4096):
+    out = []
+    for lo in range(0, LARGE, piece):
+        (y,) = run(op_type, {f"p{i}": x[lo : lo + piece] for i, x in enumerate(xs)}, ["py"])
+        out.append(y)
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("op_type", ["Relu", "Tanh", "Sigmoid", "Sum", "Max"])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_large_elementwise_inputs_in_parts_give_the_bits_of_small_pieces(op_type, in_place):
+    unary = op_type in ("Relu", "Tanh", "Sigmoid")
+    xs = [_large(1)] if unary else [_large(2), _large(3), _large(4)]
+    want = _by_pieces(op_type, xs)
+    names = [f"x{i}" for i in range(len(xs))]
+    out = names[0] if in_place else "y"
+    (y,) = run(op_type, dict(zip(names, xs, strict=True)), [out])
+    assert y.shape == (LARGE,)
+    assert y.tobytes() == want.tobytes()
+    if op_type == "Relu":
+        np.testing.assert_array_equal(y, np.where(xs[0] > 0, xs[0], 0))
+    elif op_type == "Sum":
+        np.testing.assert_array_equal(y, xs[0] + xs[1] + xs[2])

@@ -54,7 +54,7 @@ pub fn register(r: &mut Registry) {
     r.cpu("SumReduceLike", create_sum_reduce_like);
 }
 
-fn float_unary(f: impl Fn(f32) -> f32 + Send + Copy + 'static) -> Result<Box<dyn Operator>> {
+fn float_unary(f: impl Fn(f32) -> f32 + Send + Sync + Copy + 'static) -> Result<Box<dyn Operator>> {
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         unary::<f32, f32>(ctx, f)
     })))

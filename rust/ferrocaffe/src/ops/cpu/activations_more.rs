@@ -183,7 +183,7 @@ pub(crate) fn erf(x: f64) -> f64 {
 /// `y = f(x)` over a float input (in place allowed), computed in f64.
 // `T` is f32 or f64: the cast to f64 is a no-op for the latter.
 #[allow(clippy::unnecessary_cast)]
-fn float_map(f: impl Fn(f64) -> f64 + Send + Copy + 'static) -> Result<Box<dyn Operator>> {
+fn float_map(f: impl Fn(f64) -> f64 + Send + Sync + Copy + 'static) -> Result<Box<dyn Operator>> {
     Ok(Box::new(FnOp(move |ctx: &mut OpContext<'_>| {
         let dt = input_dtype(ctx, 0)?;
         dispatch!(dt, [Float => f32, Double => f64], |T| unary::<T, T>(ctx, |x: T| {

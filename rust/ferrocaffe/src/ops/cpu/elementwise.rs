@@ -5,9 +5,12 @@
 //! elementwise ops; [`dispatch!`](crate::dispatch) picks the Rust type for a [`DataType`].
 
 use super::broadcast::binary_loop;
+use super::par::for_each_chunk;
+use crate::blas::part_len;
 use crate::error::{Error, Result};
 use crate::ops::operator::OpContext;
 use crate::tensor::{DataType, Element};
+use crate::threads::run_parts;
 use crate::{bail, err};
 
 /// Runs `$body` with the type alias `$T` bound to the Rust type of `$dtype`, for the listed
@@ -65,18 +68,32 @@ fn type_mismatch(ctx: &OpContext<'_>, i: usize, want: DataType, got: DataType) -
     )
 }
 
+/// Work counted per value of [`unary`] (a compare or an add) and of [`unary_slices`] (its
+/// kernels evaluate a polynomial per value), for [`for_each_chunk`]: large inputs are cut in
+/// parts shared out to the team of compute threads. Each value is computed alone, so the
+/// parts do not change any result.
+const UNARY_WORK: usize = 1;
+const SLICES_WORK: usize = 8;
+
 /// `y = f(x)` elementwise from input 0 to output 0 (in place when they are one blob).
-pub fn unary<A: Element, C: Element>(ctx: &mut OpContext<'_>, f: impl Fn(A) -> C) -> Result<()> {
+pub fn unary<A: Element, C: Element>(
+    ctx: &mut OpContext<'_>,
+    f: impl Fn(A) -> C + Sync,
+) -> Result<()> {
+    let map = |x: &[A], y: &mut [C]| {
+        for_each_chunk(y, 1, UNARY_WORK, &|first, part| {
+            for (o, &v) in part.iter_mut().zip(&x[first..]) {
+                *o = f(v);
+            }
+        })
+    };
     // The common case first, with one lookup of the input (a chain of tiny ops pays for every
     // lookup); anything else (in place, wrong type, not a tensor) takes the checked path below.
     if !ctx.is_inplace(0, 0) {
         let (ins, mut outs) = ctx.split();
         if let Ok(xt) = ins.tensor(0) {
             if let Ok(x) = xt.as_slice::<A>() {
-                let y = outs.tensor(0)?.ensure::<C>(xt.dims());
-                for (o, &v) in y.iter_mut().zip(x) {
-                    *o = f(v);
-                }
+                map(x, outs.tensor(0)?.ensure::<C>(xt.dims()));
                 return Ok(());
             }
         }
@@ -89,25 +106,23 @@ pub fn unary<A: Element, C: Element>(ctx: &mut OpContext<'_>, f: impl Fn(A) -> C
         if A::DTYPE != C::DTYPE {
             bail!(op = ctx, Schema: "this op cannot run in place: input and output types differ");
         }
-        let c = ctx.output(0)?;
-        let p = c.as_mut_slice::<C>()?.as_mut_ptr();
-        let n = c.numel();
-        for i in 0..n {
-            // SAFETY: i < n elements of one buffer of type C == A.
-            unsafe {
-                let v = f(*(p as *const A).add(i));
-                *p.add(i) = v;
+        let y = ctx.output(0)?.as_mut_slice::<C>()?;
+        for_each_chunk(y, 1, UNARY_WORK, &|_, part| {
+            let p = part.as_mut_ptr();
+            for i in 0..part.len() {
+                // SAFETY: i < part.len() elements of one buffer of type C == A.
+                unsafe {
+                    let v = f(*(p as *const A).add(i));
+                    *p.add(i) = v;
+                }
             }
-        }
+        });
         return Ok(());
     }
     let (ins, mut outs) = ctx.split();
     let xt = ins.tensor(0)?;
     let x = xt.as_slice::<A>()?;
-    let y = outs.tensor(0)?.ensure::<C>(xt.dims());
-    for (o, &v) in y.iter_mut().zip(x) {
-        *o = f(v);
-    }
+    map(x, outs.tensor(0)?.ensure::<C>(xt.dims()));
     Ok(())
 }
 
@@ -115,25 +130,28 @@ pub fn unary<A: Element, C: Element>(ctx: &mut OpContext<'_>, f: impl Fn(A) -> C
 /// `f` reads a copy of the input.
 pub fn unary_slices<A: Element, C: Element>(
     ctx: &mut OpContext<'_>,
-    f: impl Fn(&[A], &mut [C]),
+    f: impl Fn(&[A], &mut [C]) + Sync,
 ) -> Result<()> {
     let (dims, dt) = input_meta(ctx, 0)?;
     if dt != A::DTYPE {
         return Err(type_mismatch(ctx, 0, A::DTYPE, dt));
     }
+    let map = |x: &[A], y: &mut [C]| {
+        for_each_chunk(y, 1, SLICES_WORK, &|first, part| {
+            f(&x[first..first + part.len()], part)
+        })
+    };
     if ctx.is_inplace(0, 0) {
         if A::DTYPE != C::DTYPE {
             bail!(op = ctx, Schema: "this op cannot run in place: input and output types differ");
         }
         let x = ctx.input(0)?.as_slice::<A>()?.to_vec();
-        let y = ctx.output(0)?.as_mut_slice::<C>()?;
-        f(&x, y);
+        map(&x, ctx.output(0)?.as_mut_slice::<C>()?);
         return Ok(());
     }
     let (ins, mut outs) = ctx.split();
     let x = ins.tensor(0)?.as_slice::<A>()?;
-    let y = outs.tensor(0)?.ensure::<C>(&dims);
-    f(x, y);
+    map(x, outs.tensor(0)?.ensure::<C>(&dims));
     Ok(())
 }
 
@@ -195,7 +213,10 @@ pub fn binary<A: Element, B: Element, C: Element>(
 
 /// `y[i] = f(y[i] so far, x_k[i])` folded over all inputs of one shape (Sum and friends):
 /// output 0 gets input 0's values, then each further input is combined in.
-pub fn nary_same_shape<T: Element>(ctx: &mut OpContext<'_>, f: impl Fn(T, T) -> T) -> Result<()> {
+pub fn nary_same_shape<T: Element>(
+    ctx: &mut OpContext<'_>,
+    f: impl Fn(T, T) -> T + Sync,
+) -> Result<()> {
     let (dims, dt) = input_meta(ctx, 0)?;
     if dt != T::DTYPE {
         return Err(type_mismatch(ctx, 0, T::DTYPE, dt));
@@ -232,46 +253,83 @@ pub fn nary_same_shape<T: Element>(ctx: &mut OpContext<'_>, f: impl Fn(T, T) -> 
         .map(|p| p.unwrap_or(cp as *const T))
         .collect();
     let n: usize = dims.iter().product();
-    // Blocks of a fixed size through registers: every input of a block is read before the
-    // block is written (inputs may alias the output); the fixed size makes the loads, the
-    // fold and the store plain vector code (no memcpy calls). Each element is still folded
-    // in input order. The tail goes through a stack buffer.
-    const LANES: usize = 32;
-    let mut start = 0;
-    while start + LANES <= n {
-        // SAFETY: every pointer covers n elements of T, so `start..start + LANES` is in
-        // bounds; unaligned array reads and writes of Copy elements; no reference to the
-        // output exists (it is written through `cp`).
-        unsafe {
-            let mut acc = std::ptr::read_unaligned(ptrs[0].add(start).cast::<[T; LANES]>());
-            for p in &ptrs[1..] {
-                let x = std::ptr::read_unaligned(p.add(start).cast::<[T; LANES]>());
-                for (a, v) in acc.iter_mut().zip(x) {
-                    *a = f(*a, v);
-                }
-            }
-            std::ptr::write_unaligned(cp.add(start).cast::<[T; LANES]>(), acc);
-        }
-        start += LANES;
-    }
-    const BLOCK: usize = LANES;
-    let mut acc = [T::default(); BLOCK];
-    while start < n {
-        let len = BLOCK.min(n - start);
-        let acc = &mut acc[..len];
-        // SAFETY: every pointer covers n elements of T; no reference to the output exists
-        // while these shared slices live (the output is written through `cp` afterwards).
-        unsafe {
-            acc.copy_from_slice(std::slice::from_raw_parts(ptrs[0].add(start), len));
-            for p in &ptrs[1..] {
-                let x = std::slice::from_raw_parts(p.add(start), len);
-                for (a, &v) in acc.iter_mut().zip(x) {
-                    *a = f(*a, v);
-                }
-            }
-            std::ptr::copy_nonoverlapping(acc.as_ptr(), cp.add(start), len);
-        }
-        start += len;
+    let fold = Fold { ptrs, out: cp, f };
+    // Ranges of the values shared out to the team when there are enough (each value is folded
+    // alone, so the ranges do not change any result).
+    let per = part_len(n, n.saturating_mul(n_in));
+    if per >= n {
+        // SAFETY: every pointer covers n elements.
+        unsafe { fold.range(0, n) };
+    } else {
+        run_parts(n.div_ceil(per), &|i| {
+            let start = i * per;
+            // SAFETY: `start..start + per` clipped to n lies within every pointer's n
+            // elements; the parts' ranges are disjoint.
+            unsafe { fold.range(start, (start + per).min(n)) }
+        });
     }
     Ok(())
+}
+
+/// The pointers of [`nary_same_shape`]: its inputs (any of which may be the output) and its
+/// output, and the fold.
+struct Fold<T, F> {
+    ptrs: Vec<*const T>,
+    out: *mut T,
+    f: F,
+}
+
+// SAFETY: threads fold disjoint ranges of values: each reads its range of every input and
+// writes the same range of the output, which no other thread reads or writes.
+unsafe impl<T: Element, F: Sync> Sync for Fold<T, F> {}
+
+impl<T: Element, F: Fn(T, T) -> T> Fold<T, F> {
+    /// Values `start..end` of the output.
+    ///
+    /// # Safety
+    /// Every pointer covers `end` elements, and no other thread touches `start..end` of the
+    /// output meanwhile.
+    unsafe fn range(&self, mut start: usize, end: usize) {
+        let (ptrs, cp, f) = (&self.ptrs, self.out, &self.f);
+        // Blocks of a fixed size through registers: every input of a block is read before the
+        // block is written (inputs may alias the output); the fixed size makes the loads, the
+        // fold and the store plain vector code (no memcpy calls). Each element is still folded
+        // in input order. The tail goes through a stack buffer.
+        const LANES: usize = 32;
+        while start + LANES <= end {
+            // SAFETY: every pointer covers `end` elements of T, so `start..start + LANES` is
+            // in bounds; unaligned array reads and writes of Copy elements; no reference to the
+            // output exists (it is written through `cp`).
+            unsafe {
+                let mut acc = std::ptr::read_unaligned(ptrs[0].add(start).cast::<[T; LANES]>());
+                for p in &ptrs[1..] {
+                    let x = std::ptr::read_unaligned(p.add(start).cast::<[T; LANES]>());
+                    for (a, v) in acc.iter_mut().zip(x) {
+                        *a = f(*a, v);
+                    }
+                }
+                std::ptr::write_unaligned(cp.add(start).cast::<[T; LANES]>(), acc);
+            }
+            start += LANES;
+        }
+        const BLOCK: usize = LANES;
+        let mut acc = [T::default(); BLOCK];
+        while start < end {
+            let len = BLOCK.min(end - start);
+            let acc = &mut acc[..len];
+            // SAFETY: every pointer covers `end` elements of T; no reference to the output exists
+            // while these shared slices live (the output is written through `cp` afterwards).
+            unsafe {
+                acc.copy_from_slice(std::slice::from_raw_parts(ptrs[0].add(start), len));
+                for p in &ptrs[1..] {
+                    let x = std::slice::from_raw_parts(p.add(start), len);
+                    for (a, &v) in acc.iter_mut().zip(x) {
+                        *a = f(*a, v);
+                    }
+                }
+                std::ptr::copy_nonoverlapping(acc.as_ptr(), cp.add(start), len);
+            }
+            start += len;
+        }
+    }
 }

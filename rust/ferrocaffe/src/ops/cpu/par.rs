@@ -19,6 +19,12 @@ pub(crate) fn for_each_chunk<T: Send>(
     }
     let units = out.len().div_ceil(unit);
     let per = part_len(units, units.saturating_mul(work_per_unit.max(1)));
+    if per >= units {
+        // One part: run here, without building the list of parts (element-wise ops on a few
+        // hundred values come here on every run).
+        f(0, out);
+        return;
+    }
     // per <= units, so per * unit <= out.len() + unit.
     let parts: Vec<(usize, &mut [T])> = out
         .chunks_mut(per.saturating_mul(unit))
