@@ -247,6 +247,7 @@ const PART_GRAIN: usize = 1 << 13;
 /// products (its spinning workers own the cores); else one part per [`PART_GRAIN`] values,
 /// up to about two parts per thread. So a job's threads grow with its work: on a many-core
 /// machine a 16k-value op takes 2 threads, not all of them.
+#[inline]
 pub(crate) fn part_len(items: usize, work: usize) -> usize {
     let parts = if work < 1 << 14 || active_cblas().is_some() || !threads::available() {
         1

@@ -8,6 +8,7 @@ use crate::blas::{for_each_part, part_len};
 /// where `first_unit` is the index of the chunk's first unit. `work_per_unit` (elements read and
 /// written per unit, roughly) decides how many parts run at once. Nothing runs when `out` is
 /// empty or `unit` is zero.
+#[inline]
 pub(crate) fn for_each_chunk<T: Send>(
     out: &mut [T],
     unit: usize,
