@@ -682,6 +682,10 @@ DIRECT_CASES = [
     (3, 2, 3, 3, 6, (3, 3), (1, 1), (0, 0, 0, 0), (1, 1)),
     (2, 3, 2, 70, 13, (1, 3), (1, 1), (0, 1, 0, 1), (1, 1)),
     (1, 4, 5, 5, 11, (5, 1), (3, 1), (1, 0, 2, 0), (1, 1)),
+    # Rows whose computed-and-discarded columns lie past the last output plane (caught by
+    # Caffe2's conv_test: the store of such a stretch named a place past the output's end).
+    (3, 3, 2, 12, 8, (1, 5), (1, 1), (1, 0, 0, 0), (2, 2)),
+    (1, 5, 2, 9, 3, (2, 4), (1, 1), (0, 1, 3, 3), (1, 2)),
 ]
 
 

@@ -531,6 +531,9 @@ fn store<const MB: usize>(
         let valid = len.min(d.ow.saturating_sub(q));
         let pix = r * d.ow + q;
         match k.order {
+            // A stretch wholly past the row's last output column (computed and thrown away)
+            // stores nothing: its `pix` may lie past the last image's plane.
+            _ if valid == 0 => {}
             Order::Nchw => {
                 for (mb, v) in vals.iter().enumerate() {
                     let m = m0 + mb;
