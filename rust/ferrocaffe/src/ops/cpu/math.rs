@@ -377,6 +377,15 @@ fn create_sum_elements(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Oper
             ctx.output(0)?.ensure::<f32>(&dims).fill(v);
             return Ok(());
         }
+        if dt == crate::tensor::DataType::Float {
+            // Vectorized and shared out (see `total_f64`); the other types add one by one.
+            let mut acc = super::sums::total_f64(ctx.input(0)?.as_slice::<f32>()?)?;
+            if average && n > 0 {
+                acc /= n as f64;
+            }
+            ctx.output(0)?.ensure::<f32>(&[])[0] = acc as f32;
+            return Ok(());
+        }
         dispatch!(dt, [Float => f32, Double => f64, Int32 => i32, Int64 => i64], |T| {
             let x = ctx.input(0)?.as_slice::<T>()?;
             #[allow(clippy::unnecessary_cast)]

@@ -133,6 +133,7 @@ pub mod shape;
 pub mod sigmoid_xent;
 pub mod sparse;
 pub mod sparse_optim;
+mod sums;
 pub mod two_class;
 pub mod unary_grad;
 pub mod utility;

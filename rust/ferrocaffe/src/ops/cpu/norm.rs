@@ -2,7 +2,8 @@
 //! and its gradient, LRN (cross-channel) and its gradient, InstanceNorm and its gradient,
 //! LayerNorm and its gradient — NCHW or NHWC where it applies.
 
-use super::par::{copy_if_inplace, dot_sum_f64, for_each_chunk, sums_f64};
+use super::par::{copy_if_inplace, for_each_chunk};
+use super::sums::{channel_sums, dot_sum_f64, sums_f64};
 use crate::blas::{for_each_part, part_len};
 use crate::error::{try_vec, Result};
 use crate::ops::operator::{OpContext, OpInit, Operator};
@@ -129,7 +130,7 @@ impl SpatialBn {
                 Some(v) => v.as_slice(),
                 None => ctx.input(0)?.as_slice::<f32>()?,
             };
-            let (s1, s2) = channel_sums(x, (n, c, inner), self.nhwc);
+            let (s1, s2) = channel_sums(x, x, (n, c, inner), self.nhwc, true)?;
             let mean: Vec<f32> = s1.iter().map(|s| (s / m.max(1.0) as f64) as f32).collect();
             let var: Vec<f32> = s2
                 .iter()
@@ -237,7 +238,7 @@ impl SpatialBn {
                 Some(v) => v.as_slice(),
                 None => ctx.input(2)?.as_slice::<f32>()?,
             };
-            backprop_stats(x, g, &mean, &inv, (n, c, inner), self.nhwc)
+            backprop_stats(x, g, &mean, &inv, (n, c, inner), self.nhwc)?
         };
         {
             let f: Vec<f32> = (0..c).map(|ch| scale[ch] * inv[ch] / m.max(1.0)).collect();
@@ -1269,70 +1270,22 @@ fn create_layer_norm(init: &OpInit<'_>, gradient: bool) -> Result<Box<dyn Operat
     }))
 }
 
-/// Per-channel `(sum(dY * (X - mean) * inv_std), sum(dY))`, as
-/// `(sum(dY X) - mean sum(dY)) inv_std` with the sums in f64.
+/// `(dscale, dbias)` of SpatialBN's gradient: per channel, `sum(dY * (X - mean)) * inv_std`
+/// and `sum(dY)`, summed in f64 ([`channel_sums`]).
 fn backprop_stats(
     x: &[f32],
     g: &[f32],
     mean: &[f32],
     inv: &[f32],
-    (n, c, inner): (usize, usize, usize),
+    dims: (usize, usize, usize),
     nhwc: bool,
-) -> (Vec<f32>, Vec<f32>) {
-    let mut sgx = vec![0f64; c];
-    let mut sg = vec![0f64; c];
-    if c > 0 && inner > 0 {
-        if nhwc {
-            for (xp, gp) in x.chunks_exact(c).zip(g.chunks_exact(c)) {
-                for (((a, b), &v), &d) in sgx.iter_mut().zip(sg.iter_mut()).zip(xp).zip(gp) {
-                    let d = f64::from(d);
-                    *a += d * f64::from(v);
-                    *b += d;
-                }
-            }
-        } else {
-            let planes = x.chunks_exact(inner).zip(g.chunks_exact(inner)).take(n * c);
-            for (plane, (xp, gp)) in planes.enumerate() {
-                let (a, b) = dot_sum_f64(xp, gp);
-                sgx[plane % c] += a;
-                sg[plane % c] += b;
-            }
-        }
-    }
-    let dscale = (0..c)
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let (sgx, sg) = channel_sums(x, g, dims, nhwc, false)?;
+    let dscale = (0..dims.1)
         .map(|ch| ((sgx[ch] - f64::from(mean[ch]) * sg[ch]) * f64::from(inv[ch])) as f32)
         .collect();
     let dbias = sg.iter().map(|&v| v as f32).collect();
-    (dscale, dbias)
-}
-
-/// Per-channel `(sum, sum of squares)` of `x` in f64.
-fn channel_sums(
-    x: &[f32],
-    (n, c, inner): (usize, usize, usize),
-    nhwc: bool,
-) -> (Vec<f64>, Vec<f64>) {
-    let mut s1 = vec![0f64; c];
-    let mut s2 = vec![0f64; c];
-    if c == 0 || inner == 0 {
-        return (s1, s2);
-    }
-    if nhwc {
-        for px in x.chunks_exact(c) {
-            for ((a, b), &v) in s1.iter_mut().zip(s2.iter_mut()).zip(px) {
-                let v = f64::from(v);
-                *a += v;
-                *b += v * v;
-            }
-        }
-    } else {
-        for (plane, xp) in x.chunks_exact(inner).enumerate().take(n * c) {
-            let (a, b) = sums_f64(xp);
-            s1[plane % c] += a;
-            s2[plane % c] += b;
-        }
-    }
-    (s1, s2)
+    Ok((dscale, dbias))
 }
 
 /// `y = x * a[channel] + b[channel]` over the whole tensor, in parallel parts.
@@ -1395,12 +1348,12 @@ fn channel_backprop_stats(ctx: &mut OpContext<'_>, nhwc: bool) -> Result<()> {
     let (n, c, inner) = layout(&dims, nhwc)?;
     let mean = channel_vec(ctx, 1, c)?;
     let inv = channel_vec(ctx, 2, c)?;
-    let x = ctx.input(0)?.as_slice::<f32>()?.to_vec();
-    let g = ctx.input(3)?.as_slice::<f32>()?.to_vec();
+    let x = ctx.input(0)?.as_slice::<f32>()?;
+    let g = ctx.input(3)?.as_slice::<f32>()?;
     if g.len() != x.len() {
         bail!(ShapeMismatch: "dY must have the shape of X");
     }
-    let (ds, db) = backprop_stats(&x, &g, &mean, &inv, (n, c, inner), nhwc);
+    let (ds, db) = backprop_stats(x, g, &mean, &inv, (n, c, inner), nhwc)?;
     ctx.output(0)?.ensure::<f32>(&[c]).copy_from_slice(&ds);
     ctx.output(1)?.ensure::<f32>(&[c]).copy_from_slice(&db);
     Ok(())

@@ -102,62 +102,6 @@ pub(crate) fn copy_if_inplace(
     Ok(Some(out))
 }
 
-/// `(sum, sum of squares)` of `v` in f64, over eight independent lanes (so it vectorizes;
-/// compiled per SIMD level, with the same arithmetic on each).
-#[multiversion::multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
-pub(crate) fn sums_f64(v: &[f32]) -> (f64, f64) {
-    let mut s1 = [0f64; 8];
-    let mut s2 = [0f64; 8];
-    let chunks = v.chunks_exact(8);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for i in 0..8 {
-            let x = f64::from(c[i]);
-            s1[i] += x;
-            s2[i] += x * x;
-        }
-    }
-    let (mut a, mut b) = (s1.iter().sum::<f64>(), s2.iter().sum::<f64>());
-    for &x in rest {
-        let x = f64::from(x);
-        a += x;
-        b += x * x;
-    }
-    (a, b)
-}
-
-/// `(sum of a * b, sum of b)` in f64, as [`sums_f64`].
-#[multiversion::multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
-    "x86_64+avx2+fma",
-    "aarch64+neon"
-))]
-pub(crate) fn dot_sum_f64(a: &[f32], b: &[f32]) -> (f64, f64) {
-    let mut s1 = [0f64; 8];
-    let mut s2 = [0f64; 8];
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            let yv = f64::from(y[i]);
-            s1[i] += f64::from(x[i]) * yv;
-            s2[i] += yv;
-        }
-    }
-    let (mut p, mut q) = (s1.iter().sum::<f64>(), s2.iter().sum::<f64>());
-    for (&x, &y) in ra.iter().zip(rb) {
-        p += f64::from(x) * f64::from(y);
-        q += f64::from(y);
-    }
-    (p, q)
-}
-
 /// An output written by several threads at once, each at places no other writes: for kernels
 /// whose parts' outputs are not one slice each (a Winograd tile's pixels, a run of pixels of
 /// every NCHW channel), which `chunks_mut` cannot hand out.
