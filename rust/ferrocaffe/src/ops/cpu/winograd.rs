@@ -401,6 +401,12 @@ fn block_body<T: Transform>(
         let (img, r) = (t / per_img, t % per_img);
         (img, (r / geo.tw) * m, (r % geo.tw) * m)
     };
+    // The tiles' arrays, made once per block: each tile writes the lanes it reads back (the
+    // lanes past a last partial group of channels carry stale values through the transforms
+    // and are never stored). Made per tile, their zeroing and the copies of a run-time number
+    // of lanes went to `memset` and `memmove` calls, a third of a 32-channel layer's time.
+    let (mut dt, mut vt) = ([[0f32; L]; 36], [[0f32; L]; 36]);
+    let (mut mt, mut o) = ([[0f32; L]; 36], [[0f32; L]; 16]);
     // Input tiles -> V [a^2][cnt][C].
     for q in 0..cnt {
         let (img, oy, ox) = origin(t0 + q);
@@ -410,13 +416,15 @@ fn block_body<T: Transform>(
         let mut c0 = 0;
         while c0 < c {
             let nl = L.min(c - c0);
-            let mut dt = [[0f32; L]; 36];
+            if !inside {
+                // The padding's zeros (gather writes only the pixels inside the image).
+                dt = [[0f32; L]; 36];
+            }
             gather(p, img, c0, nl, y0, x0, a, inside, &mut dt);
-            let mut vt = [[0f32; L]; 36];
             T::input(&dt, &mut vt);
             for (xi, vx) in vt[..aa].iter().enumerate() {
                 let at = (xi * cnt + q) * c + c0;
-                v[at..at + nl].copy_from_slice(&vx[..nl]);
+                copy_lanes(&mut v[at..at + nl], vx);
             }
             c0 += nl;
         }
@@ -443,12 +451,10 @@ fn block_body<T: Transform>(
         let mut k0 = 0;
         while k0 < k {
             let nl = L.min(k - k0);
-            let mut mt = [[0f32; L]; 36];
             for (xi, mx) in mt[..aa].iter_mut().enumerate() {
                 let at = (xi * cnt + q) * k + k0;
-                mx[..nl].copy_from_slice(&mm[at..at + nl]);
+                copy_lanes(mx, &mm[at..at + nl]);
             }
-            let mut o = [[0f32; L]; 16];
             T::output(&mt, &mut o);
             if let Some(b) = p.bias {
                 for ov in o[..m * m].iter_mut() {
@@ -484,6 +490,20 @@ fn block_body<T: Transform>(
                 }
             }
             k0 += nl;
+        }
+    }
+}
+
+/// `dst[..n] = src[..n]` for the `n <= 8` values the shorter holds: a fixed-size copy (inlined)
+/// for a whole group of 8 lanes.
+#[inline(always)]
+fn copy_lanes(dst: &mut [f32], src: &[f32]) {
+    let n = dst.len().min(src.len());
+    if n == L {
+        dst[..L].copy_from_slice(&src[..L]);
+    } else {
+        for (d, s) in dst[..n].iter_mut().zip(src) {
+            *d = *s;
         }
     }
 }
@@ -546,7 +566,7 @@ fn gather(
                         continue;
                     }
                     let at = ((img * h + iy as usize) * w + ix as usize) * c + c0;
-                    dt[i * a + j][..nl].copy_from_slice(&p.x[at..at + nl]);
+                    copy_lanes(&mut dt[i * a + j], &p.x[at..at + nl]);
                 }
             }
         }
@@ -574,16 +594,24 @@ fn two_d<const I: usize, const O: usize>(
     f: impl Fn(&[Lanes; I]) -> [Lanes; O],
     dst: &mut [Lanes],
 ) {
-    let mut tmp = [[[0f32; L]; I]; O];
-    for col in 0..I {
-        let column: [Lanes; I] = std::array::from_fn(|r| src[r * I + col]);
-        for (o, v) in f(&column).into_iter().enumerate() {
-            tmp[o][col] = v;
-        }
+    // Built in place rather than zeroed and then filled (the zeroing was a `memset` call).
+    let cols: [[Lanes; O]; I] = array(|col| f(&array(|r| src[r * I + col])));
+    for o in 0..O {
+        let row: [Lanes; I] = array(|col| cols[col][o]);
+        dst[o * O..(o + 1) * O].copy_from_slice(&f(&row));
     }
-    for (o, row) in tmp.iter().enumerate() {
-        dst[o * O..(o + 1) * O].copy_from_slice(&f(row));
+}
+
+/// `[f(0), f(1), ..]`, inlined (`std::array::from_fn` stayed a call from the AVX2 code, a
+/// tenth of a layer's time).
+#[inline(always)]
+fn array<T: Copy, const N: usize>(mut f: impl FnMut(usize) -> T) -> [T; N] {
+    let first = f(0);
+    let mut out = [first; N];
+    for (i, v) in out.iter_mut().enumerate().skip(1) {
+        *v = f(i);
     }
+    out
 }
 
 /// A lane-wise linear map: `out[lane] = f(in[0][lane], in[1][lane], ...)`.
