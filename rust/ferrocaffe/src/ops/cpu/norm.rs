@@ -151,7 +151,7 @@ impl SpatialBn {
                 None => ins.tensor(0)?.as_slice::<f32>()?,
             };
             let y = outs.tensor(0)?.ensure::<f32>(&dims);
-            channel_affine(x, y, &a, &b, (c, inner), self.nhwc, self.relu);
+            channel_affine(x, y, &a, &b, (c, inner), self.nhwc, self.relu)?;
         }
         if !self.is_test {
             if ctx.num_outputs() < 5 {
@@ -1297,27 +1297,63 @@ fn channel_affine(
     (c, inner): (usize, usize),
     nhwc: bool,
     relu: bool,
-) {
+) -> Result<()> {
     if nhwc {
+        if c == 0 {
+            return Ok(());
+        }
+        // The scales and shifts repeated over whole pixels, 64 values or more, so the loop
+        // over a run of pixels is long enough to vectorize (per pixel, 16 channels cost more
+        // in loop overhead than in arithmetic).
+        let span = c * 64usize.div_ceil(c);
+        let mut ab = try_vec(2 * span, 0f32, "SpatialBN's repeated scales")?;
+        let (ar, br) = ab.split_at_mut(span);
+        for (k, (av, bv)) in ar.iter_mut().zip(br.iter_mut()).enumerate() {
+            (*av, *bv) = (a[k % c], b[k % c]);
+        }
+        let (ar, br) = (&*ar, &*br);
         for_each_chunk(y, c, c.saturating_mul(2), &|first, part| {
             let xs = &x[first * c..first * c + part.len()];
-            for (yp, xp) in part.chunks_mut(c).zip(xs.chunks(c)) {
-                for (((o, &v), &a), &b) in yp.iter_mut().zip(xp).zip(a).zip(b) {
-                    *o = relu_if(relu, v * a + b);
-                }
+            for (yp, xp) in part.chunks_mut(span).zip(xs.chunks(span)) {
+                affine_run(xp, yp, ar, br, relu);
             }
         });
-    } else {
+        return Ok(());
+    }
+    {
         for_each_chunk(y, inner, inner.saturating_mul(2), &|first, part| {
             let xs = &x[first * inner..first * inner + part.len()];
             for (k, (yp, xp)) in part.chunks_mut(inner).zip(xs.chunks(inner)).enumerate() {
                 let ch = (first + k) % c;
-                let (a, b) = (a[ch], b[ch]);
-                for (o, &v) in yp.iter_mut().zip(xp) {
-                    *o = relu_if(relu, v * a + b);
-                }
+                affine_plane(xp, yp, a[ch], b[ch], relu);
             }
         });
+    }
+    Ok(())
+}
+
+/// `y = x * a + b` (then Relu) over one NCHW plane, compiled per SIMD level (the baseline
+/// x86-64 build has SSE2 only: 4 lanes).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn affine_plane(x: &[f32], y: &mut [f32], a: f32, b: f32, relu: bool) {
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o = relu_if(relu, v * a + b);
+    }
+}
+
+/// `y[i] = x[i] * a[i] + b[i]` (then Relu), compiled per SIMD level.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn affine_run(x: &[f32], y: &mut [f32], a: &[f32], b: &[f32], relu: bool) {
+    for (((o, &v), &a), &b) in y.iter_mut().zip(x).zip(a).zip(b) {
+        *o = relu_if(relu, v * a + b);
     }
 }
 
