@@ -268,7 +268,9 @@ impl Conv {
         // layers, style transfer's strided ones), and the NHWC order of sums kept the corpus's
         // style-transfer model (whose output sits at 0.7 of the tolerance) within Caffe2's
         // recorded output, where the direct kernel's order took one value of 24576 past it.
-        if (!self.runs_through_nhwc(&d) || self.direct == conv_direct::Mode::Force)
+        if (!self.runs_through_nhwc(&d)
+            || self.direct == conv_direct::Mode::Force
+            || conv_direct::wide_nchw(&self.g, &d))
             && conv_direct::applies(self.direct, &self.g, &d)
         {
             return conv_direct::forward(&self.g, &d, xs, ws, bias, self.relu, y);

@@ -59,6 +59,9 @@ pub(crate) fn applies(mode: Mode, g: &Geometry, d: &Dims) -> bool {
     if d.group == d.c && d.m == d.c && d.group > 1 {
         return g.order == Order::Nchw && g.stride == [1, 1] && d.ow >= depthwise::WIDE;
     }
+    if wide_nchw(g, d) {
+        return true;
+    }
     let (cg, mg) = (d.c / d.group, d.m / d.group);
     let few = cg <= 4 || mg <= 8 || (cg <= 16 && mg <= 16);
     let rows_win = g.order == Order::Nchw
@@ -67,6 +70,25 @@ pub(crate) fn applies(mode: Mode, g: &Geometry, d: &Dims) -> bool {
         && d.c * d.kh * d.kw < 32
         && d.m >= 16;
     few && !rows_win
+}
+
+/// Where the AVX-512 blocks run ([`wide_blocks`]), also every NCHW convolution of one group
+/// with at most 20 input and 32 output channels and output rows of 7 or more, including those
+/// [`applies`] otherwise leaves to im2col (a first layer at stride 1) and those `conv.rs`
+/// runs through NHWC. One op at a time on a Xeon against those paths, 1 and 2 threads: the
+/// corpus's layers of that kind 1.0-1.45x and 1.0-1.9x (googlenet's `8x16x15x15` to 32:
+/// 248 -> 178 us and 168 -> 102 us; lenet's `8x20x12x12` 5x5 to 32: 295 -> 243 us and
+/// 179 -> 128 us), but for a strided `8x16x16x16` to 32 (0.77x on one thread, 1.0x on two). With
+/// more channels, Winograd or the GEMM paths stay ahead (32 to 32: 0.66-1.0x); on shorter rows
+/// most of each run is padding (`8x16x3x3`: 0.5x).
+pub(crate) fn wide_nchw(g: &Geometry, d: &Dims) -> bool {
+    g.order == Order::Nchw
+        && d.group == 1
+        && d.kh * d.kw > 1
+        && d.c <= 20
+        && d.m <= 32
+        && d.ow >= 7
+        && wide_blocks()
 }
 
 /// Which convolutions the kernel takes, from `FERROCAFFE_DIRECT_CONV` when an op is created.
