@@ -195,166 +195,137 @@ mod x86 {
     use super::finish;
     use std::arch::x86_64::*;
 
-    /// [`super::generic`] on one 8-lane f64 vector a sum.
+    /// The x86-64 versions of [`super::generic`] (`$sums`) and of [`super::pixel_sums`]'s
+    /// vector part (`$pixel_sums`) on f64 vectors of `$l` lanes (`$v`): a group of 8 values is
+    /// `8 / $l` vectors, 16 channels `16 / $l`. One template for the two widths, so both give
+    /// the generic definition's bits the same way.
+    macro_rules! versions {
+        ($feature:literal, $sums:ident, $pixel_sums:ident, $v:ty, $l:literal,
+         $zero:ident, $load:ident, $add:ident, $mul:ident, $store:ident) => {
+            /// [`super::generic`] on `8 / lanes` vectors a sum.
+            #[target_feature(enable = $feature)]
+            pub(super) fn $sums(a: &[f32], b: &[f32], square: bool) -> (f64, f64) {
+                const H: usize = 8 / $l;
+                let n = a.len().min(b.len());
+                let whole = n - n % 8;
+                let (mut s1, mut s2): ([$v; H], [$v; H]) = ([$zero(); H], [$zero(); H]);
+                let mut i = 0;
+                while i < whole {
+                    for h in 0..H {
+                        let at = i + $l * h;
+                        // SAFETY: at + lanes <= i + 8 <= whole <= both lengths.
+                        let x = unsafe { $load(a.as_ptr().add(at)) };
+                        if square {
+                            s1[h] = $add(s1[h], x);
+                            s2[h] = $add(s2[h], $mul(x, x));
+                        } else {
+                            // SAFETY: as above.
+                            let y = unsafe { $load(b.as_ptr().add(at)) };
+                            s1[h] = $add(s1[h], $mul(x, y));
+                            s2[h] = $add(s2[h], y);
+                        }
+                    }
+                    i += 8;
+                }
+                let (mut l1, mut l2) = ([0f64; 8], [0f64; 8]);
+                for h in 0..H {
+                    // SAFETY: lanes * (h + 1) <= 8 values of each array (unaligned stores).
+                    unsafe {
+                        $store(l1.as_mut_ptr().add($l * h), s1[h]);
+                        $store(l2.as_mut_ptr().add($l * h), s2[h]);
+                    }
+                }
+                finish(l1, l2, &a[whole..n], &b[whole..n], square)
+            }
+
+            /// [`super::pixel_sums`] for the first whole vectors of `out`'s channels (16 at
+            /// most); returns how many channels it did.
+            #[target_feature(enable = $feature)]
+            pub(super) fn $pixel_sums(
+                a: &[f32],
+                b: &[f32],
+                c: usize,
+                c0: usize,
+                square: bool,
+                out: &mut [(f64, f64)],
+            ) -> usize {
+                const H: usize = 16 / $l;
+                let v = (out.len() / $l).min(H);
+                if c0 + $l * v > c {
+                    return 0;
+                }
+                let pixels = a.len().min(b.len()) / c.max(1);
+                let (mut s1, mut s2): ([$v; H], [$v; H]) = ([$zero(); H], [$zero(); H]);
+                for p in 0..pixels {
+                    for j in 0..v {
+                        let at = p * c + c0 + $l * j;
+                        // SAFETY: at + lanes <= p * c + c <= pixels * c <= both lengths.
+                        let x = unsafe { $load(a.as_ptr().add(at)) };
+                        if square {
+                            s1[j] = $add(s1[j], x);
+                            s2[j] = $add(s2[j], $mul(x, x));
+                        } else {
+                            // SAFETY: as above.
+                            let y = unsafe { $load(b.as_ptr().add(at)) };
+                            s1[j] = $add(s1[j], $mul(x, y));
+                            s2[j] = $add(s2[j], y);
+                        }
+                    }
+                }
+                let (mut l1, mut l2) = ([0f64; 16], [0f64; 16]);
+                for j in 0..v {
+                    // SAFETY: lanes * (j + 1) <= 16 values of each array (unaligned stores).
+                    unsafe {
+                        $store(l1.as_mut_ptr().add($l * j), s1[j]);
+                        $store(l2.as_mut_ptr().add($l * j), s2[j]);
+                    }
+                }
+                for (o, (p, q)) in out.iter_mut().zip(l1.into_iter().zip(l2)).take($l * v) {
+                    *o = (p, q);
+                }
+                $l * v
+            }
+        };
+    }
+
+    /// 8 floats from `p` as f64.
     #[target_feature(enable = "avx512f")]
-    pub(super) fn sums_avx512(a: &[f32], b: &[f32], square: bool) -> (f64, f64) {
-        let n = a.len().min(b.len());
-        let whole = n - n % 8;
-        let (mut s1, mut s2) = (_mm512_setzero_pd(), _mm512_setzero_pd());
-        let mut i = 0;
-        while i < whole {
-            // SAFETY: i + 8 <= whole <= both lengths.
-            let x = unsafe { _mm512_cvtps_pd(_mm256_loadu_ps(a.as_ptr().add(i))) };
-            if square {
-                s1 = _mm512_add_pd(s1, x);
-                s2 = _mm512_add_pd(s2, _mm512_mul_pd(x, x));
-            } else {
-                // SAFETY: as above.
-                let y = unsafe { _mm512_cvtps_pd(_mm256_loadu_ps(b.as_ptr().add(i))) };
-                s1 = _mm512_add_pd(s1, _mm512_mul_pd(x, y));
-                s2 = _mm512_add_pd(s2, y);
-            }
-            i += 8;
-        }
-        let (mut l1, mut l2) = ([0f64; 8], [0f64; 8]);
-        // SAFETY: each array holds 8 f64 (unaligned stores).
-        unsafe {
-            _mm512_storeu_pd(l1.as_mut_ptr(), s1);
-            _mm512_storeu_pd(l2.as_mut_ptr(), s2);
-        }
-        finish(l1, l2, &a[whole..n], &b[whole..n], square)
+    unsafe fn load8(p: *const f32) -> __m512d {
+        // SAFETY: the caller's `p` holds 8 floats.
+        unsafe { _mm512_cvtps_pd(_mm256_loadu_ps(p)) }
     }
 
-    /// [`super::pixel_sums`] for the first whole 8s of `out`'s channels (one vector each);
-    /// returns how many channels it did.
-    #[target_feature(enable = "avx512f")]
-    pub(super) fn pixel_sums_avx512(
-        a: &[f32],
-        b: &[f32],
-        c: usize,
-        c0: usize,
-        square: bool,
-        out: &mut [(f64, f64)],
-    ) -> usize {
-        let v = (out.len() / 8).min(2);
-        let pixels = (a.len().min(b.len())) / c.max(1);
-        let z = _mm512_setzero_pd();
-        let (mut s1, mut s2) = ([z; 2], [z; 2]);
-        if c0 + 8 * v > c {
-            return 0;
-        }
-        for p in 0..pixels {
-            for j in 0..v {
-                let at = p * c + c0 + 8 * j;
-                // SAFETY: at + 8 <= p * c + c <= pixels * c <= both lengths.
-                let x = unsafe { _mm512_cvtps_pd(_mm256_loadu_ps(a.as_ptr().add(at))) };
-                if square {
-                    s1[j] = _mm512_add_pd(s1[j], x);
-                    s2[j] = _mm512_add_pd(s2[j], _mm512_mul_pd(x, x));
-                } else {
-                    // SAFETY: as above.
-                    let y = unsafe { _mm512_cvtps_pd(_mm256_loadu_ps(b.as_ptr().add(at))) };
-                    s1[j] = _mm512_add_pd(s1[j], _mm512_mul_pd(x, y));
-                    s2[j] = _mm512_add_pd(s2[j], y);
-                }
-            }
-        }
-        let (mut l1, mut l2) = ([0f64; 16], [0f64; 16]);
-        for j in 0..v {
-            // SAFETY: 8 * j + 8 <= 16 values of each array (unaligned stores).
-            unsafe {
-                _mm512_storeu_pd(l1.as_mut_ptr().add(8 * j), s1[j]);
-                _mm512_storeu_pd(l2.as_mut_ptr().add(8 * j), s2[j]);
-            }
-        }
-        for (o, (p, q)) in out.iter_mut().zip(l1.into_iter().zip(l2)).take(8 * v) {
-            *o = (p, q);
-        }
-        8 * v
-    }
-
-    /// [`pixel_sums_avx512`] on 4-lane vectors.
+    /// 4 floats from `p` as f64.
     #[target_feature(enable = "avx")]
-    pub(super) fn pixel_sums_avx(
-        a: &[f32],
-        b: &[f32],
-        c: usize,
-        c0: usize,
-        square: bool,
-        out: &mut [(f64, f64)],
-    ) -> usize {
-        let v = (out.len() / 4).min(4);
-        let pixels = (a.len().min(b.len())) / c.max(1);
-        let z = _mm256_setzero_pd();
-        let (mut s1, mut s2) = ([z; 4], [z; 4]);
-        if c0 + 4 * v > c {
-            return 0;
-        }
-        for p in 0..pixels {
-            for j in 0..v {
-                let at = p * c + c0 + 4 * j;
-                // SAFETY: at + 4 <= p * c + c <= pixels * c <= both lengths.
-                let x = unsafe { _mm256_cvtps_pd(_mm_loadu_ps(a.as_ptr().add(at))) };
-                if square {
-                    s1[j] = _mm256_add_pd(s1[j], x);
-                    s2[j] = _mm256_add_pd(s2[j], _mm256_mul_pd(x, x));
-                } else {
-                    // SAFETY: as above.
-                    let y = unsafe { _mm256_cvtps_pd(_mm_loadu_ps(b.as_ptr().add(at))) };
-                    s1[j] = _mm256_add_pd(s1[j], _mm256_mul_pd(x, y));
-                    s2[j] = _mm256_add_pd(s2[j], y);
-                }
-            }
-        }
-        let (mut l1, mut l2) = ([0f64; 16], [0f64; 16]);
-        for j in 0..v {
-            // SAFETY: 4 * j + 4 <= 16 values of each array (unaligned stores).
-            unsafe {
-                _mm256_storeu_pd(l1.as_mut_ptr().add(4 * j), s1[j]);
-                _mm256_storeu_pd(l2.as_mut_ptr().add(4 * j), s2[j]);
-            }
-        }
-        for (o, (p, q)) in out.iter_mut().zip(l1.into_iter().zip(l2)).take(4 * v) {
-            *o = (p, q);
-        }
-        4 * v
+    unsafe fn load4(p: *const f32) -> __m256d {
+        // SAFETY: the caller's `p` holds 4 floats.
+        unsafe { _mm256_cvtps_pd(_mm_loadu_ps(p)) }
     }
 
-    /// [`super::generic`] on two 4-lane f64 vectors a sum (lanes 0-3 and 4-7).
-    #[target_feature(enable = "avx")]
-    pub(super) fn sums_avx(a: &[f32], b: &[f32], square: bool) -> (f64, f64) {
-        let n = a.len().min(b.len());
-        let whole = n - n % 8;
-        let z = _mm256_setzero_pd();
-        let (mut s1, mut s2) = ([z, z], [z, z]);
-        let mut i = 0;
-        while i < whole {
-            for h in 0..2 {
-                let at = i + 4 * h;
-                // SAFETY: at + 4 <= i + 8 <= whole <= both lengths.
-                let x = unsafe { _mm256_cvtps_pd(_mm_loadu_ps(a.as_ptr().add(at))) };
-                if square {
-                    s1[h] = _mm256_add_pd(s1[h], x);
-                    s2[h] = _mm256_add_pd(s2[h], _mm256_mul_pd(x, x));
-                } else {
-                    // SAFETY: as above.
-                    let y = unsafe { _mm256_cvtps_pd(_mm_loadu_ps(b.as_ptr().add(at))) };
-                    s1[h] = _mm256_add_pd(s1[h], _mm256_mul_pd(x, y));
-                    s2[h] = _mm256_add_pd(s2[h], y);
-                }
-            }
-            i += 8;
-        }
-        let (mut l1, mut l2) = ([0f64; 8], [0f64; 8]);
-        // SAFETY: each array holds 8 f64, two halves of 4 (unaligned stores).
-        unsafe {
-            _mm256_storeu_pd(l1.as_mut_ptr(), s1[0]);
-            _mm256_storeu_pd(l1.as_mut_ptr().add(4), s1[1]);
-            _mm256_storeu_pd(l2.as_mut_ptr(), s2[0]);
-            _mm256_storeu_pd(l2.as_mut_ptr().add(4), s2[1]);
-        }
-        finish(l1, l2, &a[whole..n], &b[whole..n], square)
-    }
+    versions!(
+        "avx512f",
+        sums_avx512,
+        pixel_sums_avx512,
+        __m512d,
+        8,
+        _mm512_setzero_pd,
+        load8,
+        _mm512_add_pd,
+        _mm512_mul_pd,
+        _mm512_storeu_pd
+    );
+    versions!(
+        "avx",
+        sums_avx,
+        pixel_sums_avx,
+        __m256d,
+        4,
+        _mm256_setzero_pd,
+        load4,
+        _mm256_add_pd,
+        _mm256_mul_pd,
+        _mm256_storeu_pd
+    );
 }
 
 #[cfg(test)]
