@@ -141,12 +141,6 @@ struct Tap {
     off: isize,
 }
 
-thread_local! {
-    /// Set by the tests: [`col2im`] adds every tap on its own (the definition the paired
-    /// taps must give the bits of).
-    static ONE_TAP_AT_A_TIME: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
 /// Adds tap `t` of filter row `ki` into the channel plane `xc`: output row `oy` into input
 /// row `oy * sh + ki * dh - pt`, column `ox` into column `ox * sw + t.off`.
 fn add_tap(g: &Geometry, d: &Dims, col: &[f32], ki: usize, t: Tap, xc: &mut [f32]) {
@@ -246,7 +240,7 @@ pub(crate) fn col2im(g: &Geometry, d: &Dims, col: &[f32], img: usize, gi: usize,
                     };
                     let mut kj = 0;
                     while kj < d.kw {
-                        if sw == 2 && dw == 1 && kj + 1 < d.kw && !ONE_TAP_AT_A_TIME.get() {
+                        if sw == 2 && dw == 1 && kj + 1 < d.kw {
                             add_tap_pair(g, d, col, ki, (tap(kj), tap(kj + 1)), xc);
                             kj += 2;
                         } else {
@@ -414,10 +408,21 @@ mod tests {
                     for img in 0..n {
                         let mut paired = start.clone();
                         col2im(&g, &d, &col, img, 0, &mut paired);
-                        ONE_TAP_AT_A_TIME.set(true);
+                        // The definition: every tap on its own, in order.
                         let mut single = start.clone();
-                        col2im(&g, &d, &col, img, 0, &mut single);
-                        ONE_TAP_AT_A_TIME.set(false);
+                        let plane = h * w;
+                        for ch in 0..c {
+                            let at = (img * c + ch) * plane;
+                            for ki in 0..kh {
+                                for kj in 0..kw {
+                                    let t = Tap {
+                                        row: ((ch * kh + ki) * kw + kj) * oh * ow,
+                                        off: kj as isize - pad[1] as isize,
+                                    };
+                                    add_tap(&g, &d, &col, ki, t, &mut single[at..at + plane]);
+                                }
+                            }
+                        }
                         let what = format!("k {kh}x{kw} pad {pad:?} {h}x{w}");
                         assert_eq!(bits(&paired), bits(&single), "{what}");
                         assert_ne!(bits(&single), bits(&start), "{what}");
