@@ -595,23 +595,12 @@ fn two_d<const I: usize, const O: usize>(
     dst: &mut [Lanes],
 ) {
     // Built in place rather than zeroed and then filled (the zeroing was a `memset` call).
-    let cols: [[Lanes; O]; I] = array(|col| f(&array(|r| src[r * I + col])));
+    let cols: [[Lanes; O]; I] =
+        std::array::from_fn(|col| f(&std::array::from_fn(|r| src[r * I + col])));
     for o in 0..O {
-        let row: [Lanes; I] = array(|col| cols[col][o]);
+        let row: [Lanes; I] = std::array::from_fn(|col| cols[col][o]);
         dst[o * O..(o + 1) * O].copy_from_slice(&f(&row));
     }
-}
-
-/// `[f(0), f(1), ..]`, inlined (`std::array::from_fn` stayed a call from the AVX2 code, a
-/// tenth of a layer's time).
-#[inline(always)]
-fn array<T: Copy, const N: usize>(mut f: impl FnMut(usize) -> T) -> [T; N] {
-    let first = f(0);
-    let mut out = [first; N];
-    for (i, v) in out.iter_mut().enumerate().skip(1) {
-        *v = f(i);
-    }
-    out
 }
 
 /// A lane-wise linear map: `out[lane] = f(in[0][lane], in[1][lane], ...)`.
